@@ -1,0 +1,38 @@
+# strata_cc_library(NAME name SRCS ... [HDRS ...] [DEPS ...])
+#   Builds library strata_<name> with alias strata::<name>. Headers are
+#   included as "folder/file.h" from the source root.
+function(strata_cc_library)
+  cmake_parse_arguments(A "" "NAME" "SRCS;HDRS;DEPS" ${ARGN})
+  set(target strata_${A_NAME})
+  if(A_SRCS)
+    add_library(${target} STATIC ${A_SRCS} ${A_HDRS})
+    target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(${target} PUBLIC ${A_DEPS})
+  else()
+    add_library(${target} INTERFACE)
+    target_include_directories(${target} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(${target} INTERFACE ${A_DEPS})
+  endif()
+  add_library(strata::${A_NAME} ALIAS ${target})
+endfunction()
+
+# strata_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...] [TIMEOUT s])
+#   A GoogleTest binary registered with CTest as one test (so a whole binary
+#   is one CTest entry and its cases run in one process).
+function(strata_cc_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${A_NAME} ${A_SRCS})
+  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_include_directories(${A_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  add_test(NAME ${A_NAME} COMMAND ${A_NAME})
+  set(timeout 600)
+  if(A_TIMEOUT)
+    set(timeout ${A_TIMEOUT})
+  endif()
+  target_compile_definitions(${A_NAME} PRIVATE
+    STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" STRATA_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  set_tests_properties(${A_NAME} PROPERTIES TIMEOUT ${timeout})
+  if(A_LABELS)
+    set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}")
+  endif()
+endfunction()
