@@ -1,0 +1,86 @@
+// Runs the real `strata` binary as a user would.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "model/random_model.h"
+#include "nlohmann/json.hpp"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code;
+  std::string out;
+};
+
+RunResult Strata(const std::string& args) {
+  const std::string cmd = std::string(STRATA_BINARY_DIR) + "/cli/strata " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::path(::testing::TempDir()) / ("cli_test_" + std::to_string(getpid()))).string();
+    fs::create_directories(dir_);
+    const std::string cfg = R"({"model_type": "deepseek_v32", "vocab_size": 50, "hidden_size": 32,
+      "intermediate_size": 40, "moe_intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+      "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+      "first_k_dense_replace": 1, "index_n_heads": 2, "index_head_dim": 8, "index_topk": 3})";
+    ASSERT_TRUE(WriteRandomModel(dir_, cfg).ok());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(CliTest, ScorePrintsTheDocumentedJson) {
+  RunResult r = Strata("score --model " + dir_ + " --tokens 3,17,42,5,9 --full-logits");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tokens"], nlohmann::json({3, 17, 42, 5, 9}));
+  ASSERT_EQ(j["argmax"].size(), 5u);
+  ASSERT_EQ(j["next_token_logprobs"].size(), 4u);
+  ASSERT_EQ(j["logits"].size(), 5u);
+  ASSERT_EQ(j["logits"][0].size(), 50u);
+  // next_token_logprobs[i] is log softmax(logits[i])[tokens[i+1]].
+  for (int i = 0; i < 4; ++i) {
+    const auto& row = j["logits"][i];
+    double m = -1e30, s = 0;
+    for (const auto& v : row) m = std::max(m, v.get<double>());
+    for (const auto& v : row) s += std::exp(v.get<double>() - m);
+    const int next = j["tokens"][i + 1];
+    EXPECT_NEAR(j["next_token_logprobs"][i].get<double>(), row[next].get<double>() - m - std::log(s), 1e-5);
+  }
+  RunResult pre = Strata("score --model " + dir_ + " --tokens 3,17,42,5,9 --full-logits --prefill");
+  ASSERT_EQ(pre.code, 0);
+  EXPECT_EQ(nlohmann::json::parse(pre.out), j);
+  RunResult fp8 = Strata("score --model " + dir_ + " --tokens 3,17,42,5,9 --kv-dtype fp8");
+  ASSERT_EQ(fp8.code, 0);
+  EXPECT_FALSE(nlohmann::json::parse(fp8.out).contains("logits"));
+}
+
+TEST_F(CliTest, BadInputGivesAClearError) {
+  EXPECT_EQ(Strata("score --model " + dir_ + " --tokens 3,50").code, 1);       // outside vocab
+  EXPECT_EQ(Strata("score --model " + dir_ + " --tokens 3,x").code, 2);        // not a number
+  EXPECT_EQ(Strata("score --model " + dir_).code, 2);                          // no tokens
+  EXPECT_EQ(Strata("score --model " + dir_ + " --tokens 1 --kv-dtype f16").code, 2);
+  EXPECT_EQ(Strata("score --model /nonexistent --tokens 1").code, 1);
+  EXPECT_EQ(Strata("score --bogus").code, 2);
+  EXPECT_EQ(Strata("frobnicate").code, 2);
+}
+
+}  // namespace
+}  // namespace strata

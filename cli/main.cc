@@ -1,0 +1,32 @@
+// The `strata` command: dispatches to subcommands (see docs/cli.md).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: strata COMMAND [flags]
+
+commands:
+  score      teacher-forced log-probabilities of a token sequence, as JSON
+
+Run `strata COMMAND --help` for the flags of a command. See docs/cli.md.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "score") return strata::cli::Score(args);
+  std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  return 2;
+}

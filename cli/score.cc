@@ -1,0 +1,115 @@
+// `strata score`: runs a token sequence teacher-forced through the engine and
+// prints one JSON object (the accuracy hook; the format is in docs/cli.md).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "common/flags.h"
+#include "model/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace strata::cli {
+namespace {
+
+constexpr const char* kHelp = R"(usage: strata score --model DIR --tokens 3,17,42,... [flags]
+
+Runs the sequence teacher-forced (one token per step through the decode path,
+or all at once with --prefill) and prints one JSON object:
+  tokens, argmax (T entries), next_token_logprobs (T-1 entries), and logits
+  ([T][vocab]) with --full-logits.
+flags:
+)";
+
+int Fail(const absl::Status& s, int code = 1) {
+  std::fprintf(stderr, "strata score: %s\n", std::string(s.message()).c_str());
+  return code;
+}
+
+// log softmax(logits)[target], in double.
+double LogProb(const float* logits, int n, int target) {
+  double m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = std::max(m, static_cast<double>(logits[i]));
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += std::exp(static_cast<double>(logits[i]) - m);
+  return static_cast<double>(logits[target]) - m - std::log(s);
+}
+
+}  // namespace
+
+int Score(const std::vector<std::string>& args) {
+  FlagSet flags;
+  flags.Declare("model", "model directory (config.json + safetensors)");
+  flags.Declare("tokens", "comma-separated token ids");
+  flags.Declare("kv-dtype", "KV cache dtype: f32 (default) or fp8");
+  flags.Declare("fp8-indexer-keys", "quantise DSA indexer keys with the fp8 codec", true);
+  flags.Declare("prefill", "run the whole sequence as one prefill chunk", true);
+  flags.Declare("full-logits", "include the [T][vocab] logits", true);
+  flags.Declare("threads", "worker threads (default: one per core)");
+  flags.Declare("help", "show this help", true);
+  if (auto st = flags.Parse(args); !st.ok()) return Fail(st, 2);
+  if (flags.Has("help")) {
+    std::printf("%s%s", kHelp, flags.Help().c_str());
+    return 0;
+  }
+  if (!flags.Has("model")) return Fail(absl::InvalidArgumentError("--model is required"), 2);
+  auto tokens = flags.GetIntList("tokens");
+  if (!tokens.ok()) return Fail(tokens.status(), 2);
+  if (tokens->empty()) return Fail(absl::InvalidArgumentError("--tokens needs at least one token id"), 2);
+  EngineOptions opt;
+  const std::string kv = flags.Get("kv-dtype", "f32");
+  if (kv == "fp8") {
+    opt.kv_dtype = KvDtype::kFp8;
+  } else if (kv != "f32") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be f32 or fp8, got '", kv, "'")), 2);
+  }
+  opt.fp8_indexer_keys = flags.Has("fp8-indexer-keys");
+  auto threads = flags.GetInt("threads", 0);
+  if (!threads.ok()) return Fail(threads.status(), 2);
+  if (*threads < 0 || *threads > 1024) return Fail(absl::InvalidArgumentError("--threads must be in [0, 1024]"), 2);
+  opt.num_threads = static_cast<int>(*threads);
+
+  auto engine = Engine::Load(flags.Get("model"), opt);
+  if (!engine.ok()) return Fail(engine.status());
+  Engine& e = **engine;
+  const int V = e.config().vocab_size;
+  const int T = static_cast<int>(tokens->size());
+  std::vector<float> logits;
+  auto seq = e.NewSequence();
+  if (flags.Has("prefill")) {
+    SeqChunk ch{seq.get(), *tokens};
+    if (auto st = e.Forward({ch}, true, &logits); !st.ok()) return Fail(st);
+  } else {
+    std::vector<float> step;
+    for (int i = 0; i < T; ++i) {
+      SeqChunk ch{seq.get(), absl::MakeConstSpan(&(*tokens)[i], 1)};
+      if (auto st = e.Forward({ch}, false, &step); !st.ok()) return Fail(st);
+      logits.insert(logits.end(), step.begin(), step.end());
+    }
+  }
+  nlohmann::json out;
+  out["tokens"] = *tokens;
+  std::vector<int> argmax(T);
+  std::vector<double> lp;
+  for (int p = 0; p < T; ++p) {
+    const float* row = &logits[static_cast<size_t>(p) * V];
+    argmax[p] = static_cast<int>(std::max_element(row, row + V) - row);
+    if (p + 1 < T) lp.push_back(LogProb(row, V, (*tokens)[p + 1]));
+  }
+  out["argmax"] = argmax;
+  out["next_token_logprobs"] = lp;
+  if (flags.Has("full-logits")) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (int p = 0; p < T; ++p) {
+      rows.push_back(std::vector<float>(logits.begin() + static_cast<size_t>(p) * V,
+                                        logits.begin() + static_cast<size_t>(p + 1) * V));
+    }
+    out["logits"] = std::move(rows);
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace strata::cli
