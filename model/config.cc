@@ -93,9 +93,10 @@ double YarnGetMscale(double scale, double mscale) {
 absl::Status ParseRope(const json& j, ModelConfig* c) {
   const json* params = nullptr;
   std::string where;
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+  // rope_scaling (the legacy name) wins when both are present, as in transformers.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
     auto it = j.find(key);
-    if (it != j.end() && !it->is_null()) {
+    if (it != j.end() && !it->is_null() && !(it->is_object() && it->empty())) {
       if (!it->is_object()) return Bad(key, absl::StrCat("must be an object, got ", Show(*it)));
       params = &*it;
       where = key;
@@ -123,7 +124,7 @@ absl::Status ParseRope(const json& j, ModelConfig* c) {
     r.yarn = true;
     const json& p = *params;
     ASSIGN_OR_RETURN(r.factor, GetDouble(p, "factor", 1.0));
-    if (!(r.factor >= 1.0)) return Bad(where + ".factor", absl::StrCat("must be >= 1, got ", r.factor));
+    if (!(r.factor > 0.0)) return Bad(where + ".factor", absl::StrCat("must be positive, got ", r.factor));
     ASSIGN_OR_RETURN(r.beta_fast, GetDouble(p, "beta_fast", 0.0));
     ASSIGN_OR_RETURN(r.beta_slow, GetDouble(p, "beta_slow", 0.0));
     if (r.beta_fast == 0.0) r.beta_fast = 32.0;  // a missing or zero value means the default
@@ -132,15 +133,18 @@ absl::Status ParseRope(const json& j, ModelConfig* c) {
     ASSIGN_OR_RETURN(r.mscale_all_dim, GetDouble(p, "mscale_all_dim", 0.0));
     ASSIGN_OR_RETURN(bool truncate, GetBool(p, "truncate", true));
     r.truncate = truncate;
+    ASSIGN_OR_RETURN(int64_t top_orig,
+                     GetInt(j, "original_max_position_embeddings", c->max_position_embeddings, false, 1,
+                            int64_t{1} << 40));
     ASSIGN_OR_RETURN(r.original_max_position_embeddings,
-                     GetInt(p, "original_max_position_embeddings", 0, false, 0, int64_t{1} << 40));
-    r.yarn_factor = r.factor;
-    if (r.original_max_position_embeddings > 0) {
-      r.yarn_factor = static_cast<double>(c->max_position_embeddings) /
-                      static_cast<double>(r.original_max_position_embeddings);
-    } else {
-      r.original_max_position_embeddings = c->max_position_embeddings;
+                     GetInt(p, "original_max_position_embeddings", top_orig, false, 1, int64_t{1} << 40));
+    // The frequencies use `factor`; a missing factor means max / original.
+    auto f = p.find("factor");
+    if (f == p.end() || f->is_null()) {
+      r.factor = static_cast<double>(c->max_position_embeddings) /
+                 static_cast<double>(r.original_max_position_embeddings);
     }
+    r.yarn_factor = r.factor;
     auto af = p.find("attention_factor");
     if (af != p.end() && !af->is_null()) {
       ASSIGN_OR_RETURN(r.attention_factor, GetDouble(p, "attention_factor", 1.0));
@@ -185,16 +189,23 @@ absl::Status ParseLayers(const json& j, ModelConfig* c) {
   const int n = c->num_layers;
   c->layers.assign(n, LayerSpec{});
   ASSIGN_OR_RETURN(auto mlp_types, GetStringList(j, "mlp_layer_types", {"dense", "sparse"}, n));
-  if (!mlp_types.empty()) {
-    for (int i = 0; i < n; ++i) c->layers[i].moe = mlp_types[i] == "sparse";
-  } else {
-    const int64_t default_dense = c->family == ModelFamily::kGlmMoeDsa ? 3 : 0;
-    ASSIGN_OR_RETURN(int64_t first_dense, GetInt(j, "first_k_dense_replace", default_dense, false, 0, 1 << 20));
-    ASSIGN_OR_RETURN(int64_t freq, GetInt(j, "moe_layer_freq", 1, false, 1, 1 << 20));
-    for (int i = 0; i < n; ++i) {
-      c->layers[i].moe = c->n_routed_experts > 0 && i >= first_dense && i % freq == 0;
+  ASSIGN_OR_RETURN(int64_t freq, GetInt(j, "moe_layer_freq", 1, false, 1, 1 << 20));
+  if (freq != 1) return Bad("moe_layer_freq", absl::StrCat("is ", freq, "; only 1 is supported"));
+  ASSIGN_OR_RETURN(int64_t first_dense, GetInt(j, "first_k_dense_replace", 3, false, 0, 1 << 20));
+  if (c->family == ModelFamily::kGlm4MoeLite) first_dense = 1;  // glm4_moe_lite: one dense layer
+  std::vector<bool> derived(n);
+  for (int i = 0; i < n; ++i) derived[i] = c->n_routed_experts > 0 && i >= first_dense;
+  if (c->family == ModelFamily::kDeepseekV3) {
+    // deepseek_v3 reads only first_k_dense_replace; a contradicting list is refused.
+    for (int i = 0; i < n && !mlp_types.empty(); ++i) {
+      if ((mlp_types[i] == "sparse") != derived[i]) {
+        return Bad("mlp_layer_types", absl::StrCat("disagrees with first_k_dense_replace (", first_dense,
+                                                   ") at layer ", i, "; deepseek_v3 uses first_k_dense_replace"));
+      }
     }
+    mlp_types.clear();
   }
+  for (int i = 0; i < n; ++i) c->layers[i].moe = mlp_types.empty() ? derived[i] : mlp_types[i] == "sparse";
   for (int i = 0; i < n; ++i) {
     if (c->layers[i].moe && c->n_routed_experts == 0) {
       return Bad("mlp_layer_types", absl::StrCat("marks layer ", i, " sparse but n_routed_experts is 0"));
@@ -321,6 +332,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
                                                      c.num_experts_per_tok));
     }
   }
+  ASSIGN_OR_RETURN(double partial_rotary, GetDouble(j, "partial_rotary_factor", 1.0));
+  if (partial_rotary != 1.0) {
+    return Bad("partial_rotary_factor", absl::StrCat("is ", partial_rotary, "; only 1.0 is supported"));
+  }
   auto act = j.find("hidden_act");
   if (act != j.end() && !act->is_null() && (!act->is_string() || act->get<std::string>() != "silu")) {
     return Bad("hidden_act", absl::StrCat("is ", Show(*act), "; only \"silu\" is supported"));
@@ -361,13 +376,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
       c.indexer_rope_interleave = false;
       break;
     case ModelFamily::kGlmMoeDsa:
-      c.rope_interleave = false;
+      c.rope_interleave = true;
       c.has_dsa = true;
-      c.indexer_rope_interleave = false;
+      c.indexer_rope_interleave = true;
       break;
   }
   c.softmax_scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
-  if (c.family != ModelFamily::kGlmMoeDsa && c.rope.yarn && c.rope.mscale_all_dim != 0.0) {
+  if (c.rope.yarn && c.rope.mscale_all_dim != 0.0) {
     const double m = YarnGetMscale(c.rope.factor, c.rope.mscale_all_dim);
     c.softmax_scale *= m * m;
   }

@@ -67,8 +67,8 @@ TEST(ConfigTest, RopeParametersAndRopeScalingAreBothAccepted) {
   EXPECT_TRUE(a->rope.yarn);
   EXPECT_EQ(a->rope.theta, 5000);
   EXPECT_EQ(b->rope.theta, 5000);
-  // factor is recomputed from max_position_embeddings / original.
-  EXPECT_DOUBLE_EQ(a->rope.yarn_factor, 1024.0 / 64.0);
+  EXPECT_DOUBLE_EQ(a->rope.yarn_factor, 40.0);
+  EXPECT_EQ(a->rope.original_max_position_embeddings, 64);
   EXPECT_DOUBLE_EQ(a->rope.attention_factor, 1.0);  // mscale == mscale_all_dim
   auto fa = RopeInvFreq(a->rope, 8), fb = RopeInvFreq(b->rope, 8);
   EXPECT_EQ(fa, fb);
@@ -83,6 +83,29 @@ TEST(ConfigTest, SoftmaxScaleCarriesMscaleSquaredForDeepseek) {
   EXPECT_NEAR(c->softmax_scale, m * m / std::sqrt(24.0), 1e-12);
   EXPECT_TRUE(c->rope_interleave);
   EXPECT_FALSE(c->indexer_rope_interleave);
+  // glm_moe_dsa: interleaved indexer rope, mscale applied too.
+  auto g = Parse(R"(, "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 1.0})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->indexer_rope_interleave);
+  EXPECT_NEAR(g->softmax_scale, m * m / std::sqrt(24.0), 1e-12);
+}
+
+TEST(ConfigTest, MlpLayerKindsPerFamily) {
+  // deepseek_v3 reads first_k_dense_replace (default 3) and refuses a contradicting list.
+  std::string v3 = absl::StrReplaceAll(kBase, {{"glm_moe_dsa", "deepseek_v3"}, {"EXTRA", ""}});
+  auto c = ParseModelConfig(v3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->layers[2].moe);
+  EXPECT_TRUE(c->layers[3].moe);
+  std::string bad = absl::StrReplaceAll(kBase, {{"glm_moe_dsa", "deepseek_v3"},
+      {"EXTRA", R"(, "mlp_layer_types": ["dense","sparse","sparse","sparse","sparse","sparse","sparse","sparse"])"}});
+  EXPECT_EQ(ParseModelConfig(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  // glm4_moe_lite without a list: one dense layer, whatever first_k_dense_replace says.
+  std::string lite = absl::StrReplaceAll(kBase, {{"glm_moe_dsa", "glm4_moe_lite"}, {"EXTRA", R"(, "first_k_dense_replace": 3)"}});
+  auto l = ParseModelConfig(lite);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->layers[0].moe);
+  EXPECT_TRUE(l->layers[1].moe);
 }
 
 TEST(ConfigTest, YarnInvFreqMatchesFormula) {
@@ -118,6 +141,8 @@ TEST(ConfigTest, ErrorsNameFieldAndValue) {
       {"\"num_hidden_layers\": 8,", "", "num_hidden_layers"},
       {"EXTRA", R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})", "dynamic"},
       {"EXTRA", R"(, "hidden_act": "gelu")", "hidden_act"},
+      {"EXTRA", R"(, "partial_rotary_factor": 0.5)", "partial_rotary_factor"},
+      {"EXTRA", R"(, "moe_layer_freq": 2)", "moe_layer_freq"},
       {"EXTRA", R"(, "indexer_types": ["shared","full","full","full","full","full","full","full"])", "indexer_types"},
       {"EXTRA", R"(, "mlp_layer_types": ["dense"])", "mlp_layer_types"},
       {"EXTRA", R"(, "quantization_config": {"quant_method": "gptq"})", "quant_method"},

@@ -69,16 +69,26 @@ float BitsToFloat(uint32_t bits) {
 
 namespace safetensors_internal {
 
-using safetensors_internal::Sv;
-
 std::string TensorMsg(std::string_view path, std::string_view name, std::string_view what) {
   return absl::StrCat(Sv(path), ": tensor \"", Sv(name), "\": ", Sv(what));
 }
 
 std::string Brief(const Json& v) {
-  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
+  // Never dump a nested value: the serializer recurses, and a hostile header
+  // can nest millions of levels deep.
+  auto scalar = [](const Json& x) {
+    std::string s = x.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  };
+  return scalar(v);
+  if (!v.is_array()) return scalar(v);
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i == 8) return out + ", ...]";
+    if (v[i].is_structured()) return absl::StrCat("an array of ", v.size(), " elements");
+    absl::StrAppend(&out, i > 0 ? ", " : "", scalar(v[i]));
+  }
+  return out + "]";
 }
 
 absl::StatusOr<Json> ParseJsonObject(std::string_view text, std::string_view path,

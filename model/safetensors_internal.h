@@ -23,7 +23,9 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, std::strin
 // "<path>: tensor "<name>": <what>", the shape of every per-tensor message.
 std::string TensorMsg(std::string_view path, std::string_view name, std::string_view what);
 
-// A JSON value rendered for a message, cut to about 60 characters.
+// A JSON value rendered for a message: scalars and flat arrays (up to 8
+// elements) as JSON, anything nested only by its kind and size. Safe on
+// arbitrarily deep values.
 std::string Brief(const nlohmann::json& v);
 
 // std::string_view as absl::string_view (this absl build keeps its own

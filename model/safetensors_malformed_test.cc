@@ -44,6 +44,9 @@ std::string Entry(const std::string& name, const std::string& dtype, const std::
                       ",\"data_offsets\":", offsets, "}");
 }
 
+// [[[ ... ]]] with `depth` levels.
+std::string Nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
 struct MalformedCase {
   std::string label;
   std::string bytes;
@@ -137,6 +140,13 @@ TEST_F(MalformedTest, EachHeaderDefectHasItsOwnError) {
        "", "__metadata__"},
       {"duplicate_tensor", RawFile("{" + ok_w + "," + ok_w + "}"), kInvalid, "w",
        "more than once"},
+      // Messages quoting a value once dumped it recursively: a deep value
+      // overflowed the stack.
+      {"deeply_nested_entry", RawFile("{\"w\":" + Nested(1000000) + "}"), kInvalid, "w",
+       "an array of 1 elements"},
+      {"deeply_nested_dim", RawFile("{" + Entry("w", "F32", "[" + Nested(1000000) + "]", "[0,16]") +
+                                    "}"),
+       kInvalid, "w", "an array of 1 elements"},
   };
   for (const MalformedCase& c : cases) {
     SCOPED_TRACE(c.label);

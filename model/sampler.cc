@@ -1,8 +1,9 @@
 #include "model/sampler.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string_view>
 #include <utility>
@@ -131,6 +132,18 @@ std::vector<TokenLogprob> TopLogprobsOf(const std::vector<double>& z, int k,
   return out;
 }
 
+// A logits row of the wrong length is a bug in the caller (the engine builds
+// the Sampler and the row from the same config); penalties would index past
+// the row, so stop rather than corrupt memory.
+void CheckRowSize(size_t got, int want) {
+  if (got != static_cast<size_t>(want)) {
+    std::fprintf(stderr,
+                 "Sampler: logits row has %zu entries, vocab_size is %d\n", got,
+                 want);
+    std::abort();
+  }
+}
+
 std::vector<double> ToDoubles(absl::Span<const float> logits) {
   std::vector<double> z(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -179,19 +192,19 @@ absl::Status Validate(const SamplingParams& p, int vocab_size) {
                    absl::StrCat(*p.max_tokens));
   }
   if (p.stop.size() > static_cast<size_t>(kMaxStopStrings)) {
-    return Invalid("stop", absl::StrCat("may hold at most ", kMaxStopStrings,
-                                        " strings"),
-                   absl::StrCat(p.stop.size()));
+    return Invalid(
+        "stop", absl::StrCat("may hold at most ", kMaxStopStrings, " strings"),
+        absl::StrCat(p.stop.size()));
   }
   for (size_t i = 0; i < p.stop.size(); ++i) {
     const std::string field = absl::StrCat("stop[", i, "]");
     const std::string& s = p.stop[i];
     if (s.empty()) return Invalid(field, "must not be empty", "\"\"");
     if (s.size() > static_cast<size_t>(kMaxStopStringBytes)) {
-      return Invalid(field,
-                     absl::StrCat("must be at most ", kMaxStopStringBytes,
-                                  " bytes"),
-                     absl::StrCat(s.size(), " bytes"));
+      return Invalid(
+          field,
+          absl::StrCat("must be at most ", kMaxStopStringBytes, " bytes"),
+          absl::StrCat(s.size(), " bytes"));
     }
     if (!IsValidUtf8(s)) {
       return Invalid(field, "must be valid UTF-8", "invalid bytes");
@@ -200,10 +213,10 @@ absl::Status Validate(const SamplingParams& p, int vocab_size) {
   for (size_t i = 0; i < p.stop_token_ids.size(); ++i) {
     const int id = p.stop_token_ids[i];
     if (id < 0 || id >= vocab_size) {
-      return Invalid(absl::StrCat("stop_token_ids[", i, "]"),
-                     absl::StrCat("must be a token id in [0, ", vocab_size,
-                                  ")"),
-                     absl::StrCat(id));
+      return Invalid(
+          absl::StrCat("stop_token_ids[", i, "]"),
+          absl::StrCat("must be a token id in [0, ", vocab_size, ")"),
+          absl::StrCat(id));
     }
   }
   if (p.logprobs.has_value() &&
@@ -388,7 +401,7 @@ void Sampler::Candidates(const std::vector<double>& z,
 }
 
 int Sampler::Sample(absl::Span<const float> logits, SampleLogprobs* logprobs) {
-  assert(static_cast<int>(logits.size()) == vocab_size_);
+  CheckRowSize(logits.size(), vocab_size_);
   // One generator output per call, used or not, so the stream never shifts.
   const double u = UniformFromBits(rng_());
   ++num_samples_;
@@ -422,7 +435,7 @@ int Sampler::Sample(absl::Span<const float> logits, SampleLogprobs* logprobs) {
 
 std::vector<double> Sampler::Probabilities(
     absl::Span<const float> logits) const {
-  assert(static_cast<int>(logits.size()) == vocab_size_);
+  CheckRowSize(logits.size(), vocab_size_);
   std::vector<double> z;
   std::vector<Candidate> cand;
   Penalize(logits, &z);

@@ -129,9 +129,9 @@ struct TokenLogprob {
 // depend on how adventurous the sampling is, and a greedy request's token is
 // always rank 1.
 struct SampleLogprobs {
-  float logprob = 0.0f;            // of the sampled token
-  int rank = 0;                    // 1 + number of tokens strictly more likely
-  std::vector<TokenLogprob> top;   // most likely first, ties to the lowest id
+  float logprob = 0.0f;           // of the sampled token
+  int rank = 0;                   // 1 + number of tokens strictly more likely
+  std::vector<TokenLogprob> top;  // most likely first, ties to the lowest id
 };
 
 // The k largest entries of log_softmax(logits), most likely first, ties to
@@ -182,7 +182,8 @@ class Sampler {
   // If `logprobs` is not null it is filled as described at SampleLogprobs,
   // with params().logprobs.value_or(0) alternatives. NaN logits count as
   // -inf; if no logit is above -inf the result is token 0.
-  // REQUIRES: logits.size() == vocab_size().
+  // REQUIRES: logits.size() == vocab_size() (a mismatch is a caller bug and
+  // aborts the process rather than read or write out of bounds).
   int Sample(absl::Span<const float> logits,
              SampleLogprobs* logprobs = nullptr);
 

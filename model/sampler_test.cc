@@ -270,8 +270,8 @@ TEST(SamplerTest, TopPKeepsSmallestSetReachingP) {
     std::vector<int> support;
   };
   const Case cases[] = {
-      {0.01f, {2}},          {0.49f, {2}},          {0.51f, {2, 3}},
-      {0.79f, {2, 3}},       {0.81f, {0, 2, 3}},    {0.949f, {0, 2, 3}},
+      {0.01f, {2}},           {0.49f, {2}},         {0.51f, {2, 3}},
+      {0.79f, {2, 3}},        {0.81f, {0, 2, 3}},   {0.949f, {0, 2, 3}},
       {0.951f, {0, 1, 2, 3}}, {1.0f, {0, 1, 2, 3}},
   };
   for (const Case& c : cases) {
@@ -440,11 +440,12 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
   auto s = MakeSampler(p, 5);
   s->Observe(0, /*is_prompt=*/true);
   s->Observe(1, /*is_prompt=*/false);
-  s->Observe(1, /*is_prompt=*/false);  // count does not matter
+  s->Observe(1, /*is_prompt=*/false);   // count does not matter
   s->Observe(99, /*is_prompt=*/false);  // out of range: ignored
   const std::vector<float> logits = {3.0f, -1.0f, 0.5f, -0.25f, 2.0f};
   // By hand: 3 / 2 = 1.5 (prompt), -1 * 2 = -2 (output), others unchanged.
-  const std::vector<double> expected = RefLogSoftmax({1.5, -2.0, 0.5, -0.25, 2.0});
+  const std::vector<double> expected =
+      RefLogSoftmax({1.5, -2.0, 0.5, -0.25, 2.0});
   const std::vector<double> got = PenalisedLogprobs(*s, logits);
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(got[i], expected[i], 1e-6) << i;
 }
@@ -494,7 +495,7 @@ TEST(SamplerTest, PenaltiesChangeTheGreedyChoice) {
   const std::vector<float> logits = {2.0f, 1.5f, 0.0f};
   EXPECT_EQ(s->Sample(logits), 0);
   s->Observe(0, /*is_prompt=*/false);
-  EXPECT_EQ(s->Sample(logits), 1);  // 2 - 1 = 1 < 1.5
+  EXPECT_EQ(s->Sample(logits), 1);    // 2 - 1 = 1 < 1.5
   s->Observe(0, /*is_prompt=*/true);  // the prompt does not count here
   EXPECT_EQ(s->Sample(logits), 1);
 }
@@ -573,9 +574,8 @@ TEST(SamplerTest, GoldenSequenceIsStableAcrossMachines) {
   p.temperature = 0.9f;
   p.top_p = 0.9f;
   auto s = MakeSampler(p, 50);
-  EXPECT_EQ(Sequence(*s, 16),
-            std::vector<int>({44, 23, 30, 1, 19, 3, 9, 8, 39, 39, 23, 49, 18, 12,
-                              19, 24}));
+  EXPECT_EQ(Sequence(*s, 16), std::vector<int>({44, 23, 30, 1, 19, 3, 9, 8, 39,
+                                                39, 23, 49, 18, 12, 19, 24}));
 }
 
 TEST(SamplerTest, GeneratorIsTheStandardMt19937_64) {
@@ -644,6 +644,11 @@ TEST(SamplerTest, SampleLogprobsReportTheDrawnTokensRank) {
   for (int t = 0; t < 4; ++t) EXPECT_GT(seen[t], 0) << t;
 }
 
+TEST(SamplerDeathTest, WrongRowSizeIsACallerBug) {
+  auto s = MakeSampler(SamplingParams(), 4);
+  EXPECT_DEATH(s->Sample(std::vector<float>{1.0f, 2.0f}), "vocab_size is 4");
+}
+
 // ------------------------------------------------------------ token stop --
 
 TEST(CheckTokenStopTest, EosStopTokenAndLength) {
@@ -702,7 +707,8 @@ TEST(ValidateTest, EveryInvalidValueIsInvalidArgumentNamingTheField) {
       {"min_p", [](SamplingParams& p) { p.min_p = -0.01f; }},
       {"min_p", [](SamplingParams& p) { p.min_p = 1.5f; }},
       {"min_p", [](SamplingParams& p) { p.min_p = NAN; }},
-      {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = 0; }},
+      {"repetition_penalty",
+       [](SamplingParams& p) { p.repetition_penalty = 0; }},
       {"repetition_penalty",
        [](SamplingParams& p) { p.repetition_penalty = -1; }},
       {"repetition_penalty",
@@ -720,14 +726,21 @@ TEST(ValidateTest, EveryInvalidValueIsInvalidArgumentNamingTheField) {
       {"presence_penalty", [](SamplingParams& p) { p.presence_penalty = NAN; }},
       {"max_tokens", [](SamplingParams& p) { p.max_tokens = 0; }},
       {"max_tokens", [](SamplingParams& p) { p.max_tokens = -5; }},
-      {"stop[1]", [](SamplingParams& p) { p.stop = {"ok", ""}; }},
+      {"stop[1]",
+       [](SamplingParams& p) {
+         p.stop = {"ok", ""};
+       }},
       {"stop[0]", [](SamplingParams& p) { p.stop = {"\xC3"}; }},
       {"stop[0]",
        [](SamplingParams& p) {
          p.stop = {std::string(kMaxStopStringBytes + 1, 'x')};
        }},
-      {"stop", [](SamplingParams& p) { p.stop.assign(kMaxStopStrings + 1, "x"); }},
-      {"stop_token_ids[1]", [](SamplingParams& p) { p.stop_token_ids = {3, 10}; }},
+      {"stop",
+       [](SamplingParams& p) { p.stop.assign(kMaxStopStrings + 1, "x"); }},
+      {"stop_token_ids[1]",
+       [](SamplingParams& p) {
+         p.stop_token_ids = {3, 10};
+       }},
       {"stop_token_ids[0]", [](SamplingParams& p) { p.stop_token_ids = {-1}; }},
       {"logprobs", [](SamplingParams& p) { p.logprobs = -1; }},
       {"logprobs", [](SamplingParams& p) { p.logprobs = kMaxLogprobs + 1; }},

@@ -160,9 +160,11 @@ bool WholeUtf8(const std::string& s) {
   size_t i = 0;
   while (i < s.size()) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3
-                                              : (c >> 3) == 30  ? 4
-                                                                : 0;
+    size_t len = c < 0x80         ? 1
+                 : (c >> 5) == 6  ? 2
+                 : (c >> 4) == 14 ? 3
+                 : (c >> 3) == 30 ? 4
+                                  : 0;
     if (len == 0 || i + len > s.size()) return false;
     for (size_t j = 1; j < len; ++j) {
       if ((static_cast<unsigned char>(s[i + j]) & 0xC0) != 0x80) return false;
@@ -204,7 +206,8 @@ TEST(StopMatcherTest, Utf8StopsAndPiecesStayWholeCharacters) {
 
 // Reference: the stop that completes first in the whole text (longest on a
 // tie, then lowest index), found by brute force.
-Streamed Reference(const std::string& text, const std::vector<std::string>& stops) {
+Streamed Reference(const std::string& text,
+                   const std::vector<std::string>& stops) {
   Streamed run;
   for (size_t end = 1; end <= text.size(); ++end) {
     int best = -1;
