@@ -80,7 +80,7 @@ std::string Brief(const Json& v) {
     std::string s = x.dump(-1, ' ', false, Json::error_handler_t::replace);
     return s.size() > 60 ? s.substr(0, 57) + "..." : s;
   };
-  return scalar(v);
+  if (v.is_object()) return absl::StrCat("an object of ", v.size(), " keys");
   if (!v.is_array()) return scalar(v);
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) {
@@ -166,14 +166,22 @@ using safetensors_internal::TensorMsg;
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -182,20 +190,29 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   for (DType d : kAllDTypes) {
     if (DTypeName(d) == name) return d;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported dtype \"", Sv(name), "\" (supported: F32, BF16, F16, F8_E4M3, I32, I64, U8, BOOL)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype \"", Sv(name),
+                   "\" (supported: F32, BF16, F16, F8_E4M3, I32, I64, U8, BOOL)"));
 }
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kF8E4M3: return 1;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
-    case DType::kBool: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -253,11 +270,12 @@ absl::Status ParseEntry(const std::string& path, const Json& v, uint64_t data_si
   for (const Json& d : *shape_it) {
     if (!d.is_number_unsigned() ||
         d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return absl::InvalidArgumentError(TensorMsg(
-          path, name,
-          absl::StrCat("shape ", Brief(*shape_it), " has a dimension that is not an integer in "
-                                                   "[0, 2^63): ",
-                       Brief(d))));
+      return absl::InvalidArgumentError(
+          TensorMsg(path, name,
+                    absl::StrCat("shape ", Brief(*shape_it),
+                                 " has a dimension that is not an integer in "
+                                 "[0, 2^63): ",
+                                 Brief(d))));
     }
     const uint64_t dim = d.get<uint64_t>();
     if (__builtin_mul_overflow(elements, dim, &elements)) {
@@ -269,8 +287,8 @@ absl::Status ParseEntry(const std::string& path, const Json& v, uint64_t data_si
   if (elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
       __builtin_mul_overflow(elements, static_cast<uint64_t>(DTypeSize(info.dtype)),
                              &info.nbytes)) {
-    return absl::InvalidArgumentError(TensorMsg(
-        path, name, absl::StrCat("byte size of shape ", Brief(*shape_it), " overflows")));
+    return absl::InvalidArgumentError(
+        TensorMsg(path, name, absl::StrCat("byte size of shape ", Brief(*shape_it), " overflows")));
   }
 
   if (!offsets_it->is_array() || offsets_it->size() != 2 ||
@@ -292,11 +310,11 @@ absl::Status ParseEntry(const std::string& path, const Json& v, uint64_t data_si
                      data_size, " bytes); the file may be truncated")));
   }
   if (end - begin != info.nbytes) {
-    return absl::InvalidArgumentError(TensorMsg(
-        path, name,
-        absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but ",
-                     Sv(DTypeName(info.dtype)), " ", ShapeString(info.shape), " needs ",
-                     info.nbytes)));
+    return absl::InvalidArgumentError(
+        TensorMsg(path, name,
+                  absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin,
+                               " bytes but ", Sv(DTypeName(info.dtype)), " ",
+                               ShapeString(info.shape), " needs ", info.nbytes)));
   }
   info.data_offset = begin;
   return absl::OkStatus();
@@ -392,10 +410,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     const auto& [prev_begin, prev_end, prev_name] = extents[i - 1];
     const auto& [begin, end, name] = extents[i];
     if (begin < prev_end) {
-      return absl::InvalidArgumentError(TensorMsg(
-          path, *name,
-          absl::StrCat("bytes [", begin, ", ", end, ") overlap tensor \"", *prev_name, "\" [",
-                       prev_begin, ", ", prev_end, ")")));
+      return absl::InvalidArgumentError(
+          TensorMsg(path, *name,
+                    absl::StrCat("bytes [", begin, ", ", end, ") overlap tensor \"", *prev_name,
+                                 "\" [", prev_begin, ", ", prev_end, ")")));
     }
   }
   return file;

@@ -150,9 +150,10 @@ class SafetensorsFile {
 // starting with '.' skipped), whose tensor names must be disjoint.
 //
 // Shards are opened eagerly: OpenDir maps every shard and validates every
-// header and every index entry, so a broken or incomplete checkpoint fails
-// at startup rather than mid-load. Mapping costs address space only; tensor
-// bytes are read from disk only for the tensors a caller reads.
+// header, every index entry and every fp8 weight's block scales, so a broken
+// or incomplete checkpoint fails at startup rather than mid-load. Mapping
+// costs address space only; tensor bytes are read from disk only for the
+// tensors a caller reads.
 class TensorStore {
  public:
   static constexpr std::string_view kIndexFileName = "model.safetensors.index.json";

@@ -36,7 +36,8 @@ class Fp8BlockScaleTest : public testing_util::ScratchDirTest {
   // Writes weight [rows, cols] of random codes and its scales, reads it back
   // and compares every element with a straightforward loop over the blocks.
   void CheckDequant(int64_t rows, int64_t cols, DType scale_dtype) {
-    SCOPED_TRACE(absl::StrCat("weight [", rows, ", ", cols, "], scales ", std::string(DTypeName(scale_dtype))));
+    SCOPED_TRACE(absl::StrCat("weight [", rows, ", ", cols, "], scales ",
+                              std::string(DTypeName(scale_dtype))));
     const int64_t srows = (rows + 127) / 128, scols = (cols + 127) / 128;
     const std::vector<uint8_t> codes = RandomBytes(rng_, static_cast<size_t>(rows * cols));
     std::vector<float> scale_values = RandomScales(static_cast<size_t>(srows * scols));
@@ -54,10 +55,10 @@ class Fp8BlockScaleTest : public testing_util::ScratchDirTest {
       }
     }
     const std::string file = absl::StrCat("w", rows, "x", cols, ".safetensors");
-    ASSERT_TRUE(WriteSafetensors(Path(file),
-                                 {{"w", DType::kF8E4M3, {rows, cols}, codes},
-                                  {"w_scale_inv", scale_dtype, {srows, scols}, scale_bytes}})
-                    .ok());
+    ASSERT_TRUE(
+        WriteSafetensors(Path(file), {{"w", DType::kF8E4M3, {rows, cols}, codes},
+                                      {"w_scale_inv", scale_dtype, {srows, scols}, scale_bytes}})
+            .ok());
     auto store = TensorStore::OpenDir(dir_);
     ASSERT_TRUE(store.ok()) << store.status();
     auto got = (*store)->ReadF32("w", {rows, cols});
@@ -83,9 +84,8 @@ TEST_F(Fp8BlockScaleTest, OneRowPastABlock) { CheckDequant(129, 1, DType::kF32);
 // Without a companion the codes are read with scale 1, whatever the rank.
 TEST_F(Fp8BlockScaleTest, NoScaleTensorMeansScaleOne) {
   const std::vector<uint8_t> codes = RandomBytes(rng_, 2 * 3 * 4);
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"),
-                               {{"w2", DType::kF8E4M3, {6, 4}, codes},
-                                {"w3", DType::kF8E4M3, {2, 3, 4}, codes}})
+  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"w2", DType::kF8E4M3, {6, 4}, codes},
+                                                       {"w3", DType::kF8E4M3, {2, 3, 4}, codes}})
                   .ok());
   auto store = TensorStore::OpenDir(dir_);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -124,11 +124,11 @@ TEST_F(Fp8BlockScaleTest, InconsistentScalesAreRejectedAtOpen) {
     for (int64_t d : c.weight_shape) wn *= d;
     for (int64_t d : c.scale_shape) sn *= d;
     const std::string file = sub + "/model.safetensors";
-    ASSERT_TRUE(WriteSafetensors(
-                    file, {{"layer.w", DType::kF8E4M3, c.weight_shape, RandomBytes(rng_, wn)},
-                           {"layer.w_scale_inv", c.scale_dtype, c.scale_shape,
-                            RandomBytes(rng_, sn * DTypeSize(c.scale_dtype))}})
-                    .ok());
+    ASSERT_TRUE(
+        WriteSafetensors(file, {{"layer.w", DType::kF8E4M3, c.weight_shape, RandomBytes(rng_, wn)},
+                                {"layer.w_scale_inv", c.scale_dtype, c.scale_shape,
+                                 RandomBytes(rng_, sn * DTypeSize(c.scale_dtype))}})
+            .ok());
     auto store = TensorStore::OpenDir(sub);
     EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(store.status().message(), HasSubstr(file));
@@ -140,10 +140,11 @@ TEST_F(Fp8BlockScaleTest, InconsistentScalesAreRejectedAtOpen) {
 // The index lists the weight but not its scales, which the shard holds:
 // reading with scale 1 would be silently wrong, so it is an error.
 TEST_F(Fp8BlockScaleTest, IndexThatHidesTheScalesIsRejected) {
-  ASSERT_TRUE(WriteSafetensors(Path("s1.safetensors"),
-                               {{"w", DType::kF8E4M3, {4, 4}, RandomBytes(rng_, 16)},
-                                {"w_scale_inv", DType::kF32, {1, 1}, ToBytes(std::vector<float>{2})}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(Path("s1.safetensors"),
+                       {{"w", DType::kF8E4M3, {4, 4}, RandomBytes(rng_, 16)},
+                        {"w_scale_inv", DType::kF32, {1, 1}, ToBytes(std::vector<float>{2})}})
+          .ok());
   WriteFileBytes(Path("model.safetensors.index.json"),
                  nlohmann::json{{"weight_map", {{"w", "s1.safetensors"}}}}.dump());
   auto store = TensorStore::OpenDir(dir_);

@@ -83,13 +83,12 @@ TEST_F(MalformedTest, EachHeaderDefectHasItsOwnError) {
        "unsupported dtype \"Q4_K\""},
       {"unsupported_dtype_f64", RawFile("{" + Entry("w", "F64", "[2]", "[0,16]") + "}"), kInvalid,
        "w", "unsupported dtype \"F64\""},
-      {"dtype_not_string",
-       RawFile("{\"w\":{\"dtype\":4,\"shape\":[4],\"data_offsets\":[0,16]}}"), kInvalid, "w",
-       "dtype is not a string"},
+      {"dtype_not_string", RawFile("{\"w\":{\"dtype\":4,\"shape\":[4],\"data_offsets\":[0,16]}}"),
+       kInvalid, "w", "dtype is not a string"},
       {"shape_not_array", RawFile("{" + Entry("w", "F32", "4", "[0,16]") + "}"), kInvalid, "w",
        "shape is not an array"},
-      {"offsets_past_end", RawFile("{" + Entry("w", "F32", "[16]", "[0,64]") + "}"), kDataLoss,
-       "w", "past the end"},
+      {"offsets_past_end", RawFile("{" + Entry("w", "F32", "[16]", "[0,64]") + "}"), kDataLoss, "w",
+       "past the end"},
       {"offsets_start_past_end", RawFile("{" + Entry("w", "F32", "[0]", "[17,17]") + "}"),
        kDataLoss, "w", "past the end"},
       {"offsets_backwards", RawFile("{" + Entry("w", "F32", "[2]", "[8,0]") + "}"), kInvalid, "w",
@@ -130,23 +129,23 @@ TEST_F(MalformedTest, EachHeaderDefectHasItsOwnError) {
       {"element_count_above_int64",
        RawFile("{" + Entry("w", "U8", "[4294967296,2147483648]", "[0,16]") + "}"), kInvalid, "w",
        "overflows"},
-      {"byte_size_overflow", RawFile("{" + Entry("w", "F32", "[4611686018427387904]", "[0,16]") + "}"),
-       kInvalid, "w", "byte size"},
+      {"byte_size_overflow",
+       RawFile("{" + Entry("w", "F32", "[4611686018427387904]", "[0,16]") + "}"), kInvalid, "w",
+       "byte size"},
       {"absurd_shape", RawFile("{" + Entry("w", "F32", "[1099511627776]", "[0,16]") + "}"),
        kInvalid, "w", "needs 4398046511104"},
       {"metadata_not_object", RawFile("{\"__metadata__\":[1]," + ok_w + "}"), kInvalid, "",
        "__metadata__"},
       {"metadata_value_not_string", RawFile("{\"__metadata__\":{\"k\":1}," + ok_w + "}"), kInvalid,
        "", "__metadata__"},
-      {"duplicate_tensor", RawFile("{" + ok_w + "," + ok_w + "}"), kInvalid, "w",
-       "more than once"},
+      {"duplicate_tensor", RawFile("{" + ok_w + "," + ok_w + "}"), kInvalid, "w", "more than once"},
       // Messages quoting a value once dumped it recursively: a deep value
       // overflowed the stack.
       {"deeply_nested_entry", RawFile("{\"w\":" + Nested(1000000) + "}"), kInvalid, "w",
        "an array of 1 elements"},
-      {"deeply_nested_dim", RawFile("{" + Entry("w", "F32", "[" + Nested(1000000) + "]", "[0,16]") +
-                                    "}"),
-       kInvalid, "w", "an array of 1 elements"},
+      {"deeply_nested_dim",
+       RawFile("{" + Entry("w", "F32", "[" + Nested(1000000) + "]", "[0,16]") + "}"), kInvalid, "w",
+       "an array of 1 elements"},
   };
   for (const MalformedCase& c : cases) {
     SCOPED_TRACE(c.label);
@@ -172,9 +171,8 @@ TEST_F(MalformedTest, UnusualButValidHeadersAreAccepted) {
       {"empty_object", RawFile("{}", 0)},
       {"padded_header", RawFile("{" + Entry("w", "F32", "[4]", "[0,16]") + "}        ")},
       {"scalar", RawFile("{" + Entry("s", "I32", "[]", "[0,4]") + "}", 4)},
-      {"gap_between_tensors",
-       RawFile("{" + Entry("a", "U8", "[2]", "[0,2]") + "," + Entry("b", "U8", "[2]", "[8,10]") +
-               "}")},
+      {"gap_between_tensors", RawFile("{" + Entry("a", "U8", "[2]", "[0,2]") + "," +
+                                      Entry("b", "U8", "[2]", "[8,10]") + "}")},
       {"empty_tensors_share_an_offset",
        RawFile("{" + Entry("a", "F32", "[0,3]", "[4,4]") + "," + Entry("b", "F32", "[0]", "[4,4]") +
                "," + Entry("c", "F32", "[2]", "[0,8]") + "}")},

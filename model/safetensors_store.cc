@@ -110,9 +110,9 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::OpenDir(const std::str
     for (auto it = map_it->begin(); it != map_it->end(); ++it) {
       const std::string& name = it.key();
       if (!it->is_string() || !IsSafeShardName(it->get<std::string>())) {
-        return absl::InvalidArgumentError(TensorMsg(
-            index_str, name,
-            absl::StrCat("shard is not a file name inside the directory: ", Brief(*it))));
+        return absl::InvalidArgumentError(
+            TensorMsg(index_str, name,
+                      absl::StrCat("shard is not a file name inside the directory: ", Brief(*it))));
       }
       const std::string shard = it->get<std::string>();
       auto shard_it = store->shards_.find(shard);
@@ -128,8 +128,9 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::OpenDir(const std::str
       const SafetensorsFile* file = shard_it->second.get();
       const TensorInfo* info = file->Find(name);
       if (info == nullptr) {
-        return absl::NotFoundError(TensorMsg(
-            file->path(), name, absl::StrCat("named by ", index_str, " but absent from the shard")));
+        return absl::NotFoundError(
+            TensorMsg(file->path(), name,
+                      absl::StrCat("named by ", index_str, " but absent from the shard")));
       }
       store->tensors_.emplace(name, Location{file, info});
     }
@@ -193,25 +194,25 @@ absl::StatusOr<const TensorStore::Location*> TensorStore::ScaleFor(const Locatio
     if (weight.file->Find(scale_name) != nullptr) {
       // Present in the shard but hidden by the index: reading the weight with
       // scale 1 would silently give wrong values.
-      return absl::InvalidArgumentError(TensorMsg(
-          weight.file->path(), w.name,
-          absl::StrCat("its block scales \"", scale_name, "\" are in the shard but not in ",
-                       Sv(kIndexFileName))));
+      return absl::InvalidArgumentError(
+          TensorMsg(weight.file->path(), w.name,
+                    absl::StrCat("its block scales \"", scale_name,
+                                 "\" are in the shard but not in ", Sv(kIndexFileName))));
     }
     return nullptr;
   }
   const TensorInfo& s = *it->second.info;
   if (w.shape.size() != 2) {
-    return absl::InvalidArgumentError(TensorMsg(
-        weight.file->path(), w.name,
-        absl::StrCat("has block scales \"", scale_name, "\" but shape ", ShapeString(w.shape),
-                     " is not 2-D")));
+    return absl::InvalidArgumentError(
+        TensorMsg(weight.file->path(), w.name,
+                  absl::StrCat("has block scales \"", scale_name, "\" but shape ",
+                               ShapeString(w.shape), " is not 2-D")));
   }
   if (s.dtype != DType::kF32 && s.dtype != DType::kBF16 && s.dtype != DType::kF16) {
-    return absl::InvalidArgumentError(TensorMsg(
-        it->second.file->path(), scale_name,
-        absl::StrCat("block scales of \"", w.name, "\" must be F32, BF16 or F16, not ",
-                     Sv(DTypeName(s.dtype)))));
+    return absl::InvalidArgumentError(
+        TensorMsg(it->second.file->path(), scale_name,
+                  absl::StrCat("block scales of \"", w.name, "\" must be F32, BF16 or F16, not ",
+                               Sv(DTypeName(s.dtype)))));
   }
   const int64_t expected[2] = {(w.shape[0] + kFp8BlockSize - 1) / kFp8BlockSize,
                                (w.shape[1] + kFp8BlockSize - 1) / kFp8BlockSize};
@@ -272,10 +273,10 @@ absl::StatusOr<std::vector<float>> TensorStore::ReadF32(
     std::string_view name, absl::Span<const int64_t> expected_shape) const {
   ASSIGN_OR_RETURN(const Location loc, Locate(name));
   if (absl::Span<const int64_t>(loc.info->shape) != expected_shape) {
-    return absl::InvalidArgumentError(TensorMsg(
-        loc.file->path(), name,
-        absl::StrCat("expected shape ", ShapeString(expected_shape), ", found ",
-                     ShapeString(loc.info->shape))));
+    return absl::InvalidArgumentError(
+        TensorMsg(loc.file->path(), name,
+                  absl::StrCat("expected shape ", ShapeString(expected_shape), ", found ",
+                               ShapeString(loc.info->shape))));
   }
   return ConvertF32(loc);
 }

@@ -48,10 +48,14 @@ double ReferenceElement(DType dtype, absl::Span<const uint8_t> bytes, size_t i) 
       std::memcpy(&f, bytes.data() + 4 * i, 4);
       return f;
     }
-    case DType::kBF16: return RefBf16(U16At(bytes, i));
-    case DType::kF16: return RefF16(U16At(bytes, i));
-    case DType::kF8E4M3: return RefFp8(bytes[i]);
-    default: return std::nan("");
+    case DType::kBF16:
+      return RefBf16(U16At(bytes, i));
+    case DType::kF16:
+      return RefF16(U16At(bytes, i));
+    case DType::kF8E4M3:
+      return RefFp8(bytes[i]);
+    default:
+      return std::nan("");
   }
 }
 
@@ -138,11 +142,11 @@ TEST_F(SafetensorsTest, EverySixteenBitCodeConverts) {
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint16_t>(i);
   std::vector<uint8_t> fp8_codes(256);
   for (size_t i = 0; i < fp8_codes.size(); ++i) fp8_codes[i] = static_cast<uint8_t>(i);
-  ASSERT_TRUE(WriteSafetensors(Path("model.safetensors"),
-                               {{"bf16", DType::kBF16, {65536}, ToBytes(codes)},
-                                {"f16", DType::kF16, {256, 256}, ToBytes(codes)},
-                                {"fp8", DType::kF8E4M3, {256}, fp8_codes}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(Path("model.safetensors"), {{"bf16", DType::kBF16, {65536}, ToBytes(codes)},
+                                                   {"f16", DType::kF16, {256, 256}, ToBytes(codes)},
+                                                   {"fp8", DType::kF8E4M3, {256}, fp8_codes}})
+          .ok());
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   auto bf16 = store->ReadF32("bf16");
@@ -164,11 +168,12 @@ TEST_F(SafetensorsTest, EverySixteenBitCodeConverts) {
 
 TEST_F(SafetensorsTest, FileExposesHeaderMetadataAndData) {
   std::vector<float> w = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
-  ASSERT_TRUE(WriteSafetensors(Path("a.safetensors"),
-                               {{"w", DType::kF32, {2, 3}, ToBytes(w)},
-                                {"ids", DType::kI64, {2}, ToBytes(std::vector<int64_t>{-1, 1LL << 40})}},
-                               {{"format", "pt"}, {"note", "fixture"}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(Path("a.safetensors"),
+                       {{"w", DType::kF32, {2, 3}, ToBytes(w)},
+                        {"ids", DType::kI64, {2}, ToBytes(std::vector<int64_t>{-1, 1LL << 40})}},
+                       {{"format", "pt"}, {"note", "fixture"}})
+          .ok());
   auto file = SafetensorsFile::Open(Path("a.safetensors"));
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ((*file)->path(), Path("a.safetensors"));
@@ -191,10 +196,9 @@ TEST_F(SafetensorsTest, FileExposesHeaderMetadataAndData) {
 }
 
 TEST_F(SafetensorsTest, WriterIsDeterministicAlignedAndOrderIndependent) {
-  std::vector<TensorToWrite> tensors = {RandomTensor("z", DType::kU8, {3}),
-                                        RandomTensor("a", DType::kBF16, {5}),
-                                        RandomTensor("m", DType::kI64, {2, 2}),
-                                        RandomTensor("b", DType::kF32, {7})};
+  std::vector<TensorToWrite> tensors = {
+      RandomTensor("z", DType::kU8, {3}), RandomTensor("a", DType::kBF16, {5}),
+      RandomTensor("m", DType::kI64, {2, 2}), RandomTensor("b", DType::kF32, {7})};
   auto first = SerializeSafetensors(tensors, {{"k", "v"}});
   std::reverse(tensors.begin(), tensors.end());
   auto second = SerializeSafetensors(tensors, {{"k", "v"}});
@@ -222,9 +226,9 @@ TEST_F(SafetensorsTest, WriterRejectsInconsistentTensors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteSafetensors(path, {{"w", DType::kU8, {-1}, {}}}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(WriteSafetensors(path, {{"w", DType::kU8, {1}, {1}}, {"w", DType::kU8, {1}, {2}}})
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      WriteSafetensors(path, {{"w", DType::kU8, {1}, {1}}, {"w", DType::kU8, {1}, {2}}}).code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteSafetensors(path, {{"__metadata__", DType::kU8, {1}, {1}}}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(std::filesystem::exists(path));

@@ -12,8 +12,7 @@
 namespace strata {
 
 absl::StatusOr<std::string> SerializeSafetensors(
-    const std::vector<TensorToWrite>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> seen;
   for (const TensorToWrite& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__" || !seen.insert(t.name).second) {
@@ -28,9 +27,9 @@ absl::StatusOr<std::string> SerializeSafetensors(
       }
     }
     if (bytes != t.data.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", t.name, "\": ", std::string(DTypeName(t.dtype)), " ", ShapeString(t.shape), " needs ",
-          bytes, " bytes, got ", t.data.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.name, "\": ", std::string(DTypeName(t.dtype)), " ",
+                       ShapeString(t.shape), " needs ", bytes, " bytes, got ", t.data.size()));
     }
   }
 
