@@ -82,5 +82,46 @@ TEST_F(CliTest, BadInputGivesAClearError) {
   EXPECT_EQ(Strata("frobnicate").code, 2);
 }
 
+// The demo model ships with a tokenizer: generate streams text, --json gives
+// the documented object, the same seed gives the same tokens.
+TEST(CliDemoTest, GenerateFromTheDemoModel) {
+  const std::string demo = std::string(STRATA_SOURCE_DIR) + "/models/demo";
+  RunResult a = Strata("generate --model " + demo + " --prompt 'The list type' --max-tokens 12 --seed 7 --json");
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto j = nlohmann::json::parse(a.out);
+  EXPECT_EQ(j["tokens"].size(), 12u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_FALSE(j["text"].get<std::string>().empty());
+  RunResult b = Strata("generate --model " + demo + " --prompt 'The list type' --max-tokens 12 --seed 7 --json");
+  EXPECT_EQ(nlohmann::json::parse(b.out)["tokens"], j["tokens"]);
+  // Streaming prints the same text as --json carries.
+  RunResult s = Strata("generate --model " + demo + " --prompt 'The list type' --max-tokens 12 --seed 7");
+  ASSERT_EQ(s.code, 0);
+  EXPECT_EQ(s.out, j["text"].get<std::string>() + "\n");
+  // A stop string ends the text before it.
+  RunResult st = Strata("generate --model " + demo + " --prompt 'import os' --max-tokens 40 --temperature 0 --stop os --json");
+  ASSERT_EQ(st.code, 0);
+  auto sj = nlohmann::json::parse(st.out);
+  EXPECT_EQ(sj["finish_reason"], "stop");
+  EXPECT_EQ(sj["text"].get<std::string>().find("os"), std::string::npos);
+  // --text scores as the tokenizer encodes it (BOS first), with perplexity.
+  RunResult sc = Strata("score --model " + demo + " --text 'The for statement in Python'");
+  ASSERT_EQ(sc.code, 0);
+  auto scj = nlohmann::json::parse(sc.out);
+  EXPECT_EQ(scj["tokens"][0], 0);  // BOS
+  EXPECT_EQ(scj["n_tokens"], scj["tokens"].size());
+  EXPECT_NEAR(std::log(scj["perplexity"].get<double>()), scj["mean_nll"].get<double>(), 1e-9);
+}
+
+TEST(CliDemoTest, GenerateRejectsBadInput) {
+  const std::string demo = std::string(STRATA_SOURCE_DIR) + "/models/demo";
+  for (const std::string bad : {"--prompt ''", "--prompt x --temperature -1", "--prompt x --top-p 1.5",
+                                "--prompt x --max-tokens 0", "--prompt x --tokens 1", "--tokens 1,99999",
+                                "--prompt x --min-p 2", "--prompt x --frequency-penalty 3"}) {
+    RunResult r = Strata("generate --model " + demo + " " + bad);
+    EXPECT_NE(r.code, 0) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -9,17 +9,19 @@
 #include "cli/commands.h"
 #include "common/flags.h"
 #include "model/engine.h"
+#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace strata::cli {
 namespace {
 
-constexpr const char* kHelp = R"(usage: strata score --model DIR --tokens 3,17,42,... [flags]
+constexpr const char* kHelp = R"(usage: strata score --model DIR (--tokens 3,17,42,... | --text TEXT) [flags]
 
 Runs the sequence teacher-forced (one token per step through the decode path,
 or all at once with --prefill) and prints one JSON object:
   tokens, argmax (T entries), next_token_logprobs (T-1 entries), and logits
-  ([T][vocab]) with --full-logits.
+  ([T][vocab]) with --full-logits; with --text also n_tokens, mean_nll and
+  perplexity (over the T-1 predicted tokens).
 flags:
 )";
 
@@ -43,6 +45,7 @@ int Score(const std::vector<std::string>& args) {
   FlagSet flags;
   flags.Declare("model", "model directory (config.json + safetensors)");
   flags.Declare("tokens", "comma-separated token ids");
+  flags.Declare("text", "text, tokenised as the HF tokenizer(text) would (special tokens included)");
   flags.Declare("kv-dtype", "KV cache dtype: f32 (default) or fp8");
   flags.Declare("fp8-indexer-keys", "quantise DSA indexer keys with the fp8 codec", true);
   flags.Declare("prefill", "run the whole sequence as one prefill chunk", true);
@@ -55,9 +58,19 @@ int Score(const std::vector<std::string>& args) {
     return 0;
   }
   if (!flags.Has("model")) return Fail(absl::InvalidArgumentError("--model is required"), 2);
+  if (flags.Has("tokens") == flags.Has("text")) {
+    return Fail(absl::InvalidArgumentError("give exactly one of --tokens and --text"), 2);
+  }
   auto tokens = flags.GetIntList("tokens");
   if (!tokens.ok()) return Fail(tokens.status(), 2);
-  if (tokens->empty()) return Fail(absl::InvalidArgumentError("--tokens needs at least one token id"), 2);
+  if (flags.Has("text")) {
+    auto tok = Tokenizer::FromFile(flags.Get("model") + "/tokenizer.json");
+    if (!tok.ok()) return Fail(tok.status());
+    auto ids = (*tok)->Encode(flags.Get("text"), /*add_special_tokens=*/true);
+    if (!ids.ok()) return Fail(ids.status());
+    *tokens = *ids;
+  }
+  if (tokens->empty()) return Fail(absl::InvalidArgumentError("the sequence needs at least one token"), 2);
   EngineOptions opt;
   const std::string kv = flags.Get("kv-dtype", "f32");
   if (kv == "fp8") {
@@ -100,6 +113,14 @@ int Score(const std::vector<std::string>& args) {
   }
   out["argmax"] = argmax;
   out["next_token_logprobs"] = lp;
+  if (flags.Has("text")) {
+    double nll = 0;
+    for (double v : lp) nll -= v;
+    const double mean = lp.empty() ? 0.0 : nll / static_cast<double>(lp.size());
+    out["n_tokens"] = T;
+    out["mean_nll"] = mean;
+    out["perplexity"] = std::exp(mean);
+  }
   if (flags.Has("full-logits")) {
     nlohmann::json rows = nlohmann::json::array();
     for (int p = 0; p < T; ++p) {

@@ -3,6 +3,7 @@
 // within 1e-3 * max|ref| at every position, identical greedy continuations,
 // for float32 KV and for fp8 KV (against the fp8-simulating reference).
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,53 @@ INSTANTIATE_TEST_SUITE_P(Models, FixtureTest, ::testing::ValuesIn(FixtureDirs())
                            return n;
                          });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(FixtureTest);
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// The demo model's held-out perplexity equals transformers' (float32, DSA on)
+// within 1 %, on the 512-token slice made by tools/train_demo.py.
+TEST(DemoModelTest, HeldOutNllMatchesTransformers) {
+  const std::string root = std::string(STRATA_SOURCE_DIR);
+  std::ifstream in(root + "/tests/data/demo_heldout.json");
+  ASSERT_TRUE(in) << "tests/data/demo_heldout.json missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto meta = nlohmann::json::parse(ss.str());
+  const std::vector<int> tokens = meta["tokens"].get<std::vector<int>>();
+  const double want = meta["mean_nll_f32"].get<double>();
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kFp8}) {
+    EngineOptions opt;
+    opt.kv_dtype = dt;
+    auto engine = Engine::Load(root + "/models/demo", opt);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    Engine& e = **engine;
+    const int V = e.config().vocab_size;
+    auto kv = e.NewSequence();
+    std::vector<float> logits;
+    SeqChunk all{kv.get(), tokens};
+    ASSERT_TRUE(e.Forward({all}, true, &logits).ok());
+    double nll = 0;
+    for (size_t p = 0; p + 1 < tokens.size(); ++p) {
+      const float* row = &logits[p * V];
+      double m = -INFINITY, s = 0;
+      for (int v = 0; v < V; ++v) m = std::max(m, static_cast<double>(row[v]));
+      for (int v = 0; v < V; ++v) s += std::exp(row[v] - m);
+      nll -= row[tokens[p + 1]] - m - std::log(s);
+    }
+    nll /= static_cast<double>(tokens.size() - 1);
+    std::printf("demo held-out mean NLL kv=%s: %.7f (transformers f32 %.7f, ratio %.2e)\n",
+                dt == KvDtype::kF32 ? "f32" : "fp8", nll, want, std::fabs(nll - want) / want);
+    if (dt == KvDtype::kF32) {
+      EXPECT_LE(std::fabs(std::exp(nll) - std::exp(want)) / std::exp(want), 0.01);
+    } else {
+      EXPECT_LE(std::fabs(std::exp(nll) - std::exp(want)) / std::exp(want), 0.05);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace strata

@@ -1,0 +1,136 @@
+// Device-side building blocks shared by the kernels in kernels/cuda: the fp8
+// codec in the exact arithmetic of kernels/fp8.h, exact fp8 -> bf16 widening,
+// cp.async, ldmatrix and the bf16 m16n8k16 tensor-core MMA.
+//
+// Include only from .cu files. Everything here is a pure device function.
+#ifndef STRATA_KERNELS_CUDA_DEVICE_UTIL_CUH_
+#define STRATA_KERNELS_CUDA_DEVICE_UTIL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace strata::cuda::dev {
+
+// ---- fp8 e4m3 ("fn") encode: a bit-for-bit port of fp8::Encode ----------
+// Round to nearest even, saturate to ±448 (±inf included), keep the sign of
+// zero, NaN -> 0x00. Written with integer operations so that the result does
+// not depend on the hardware conversion (which maps NaN to 0x7F).
+__device__ __forceinline__ uint8_t EncodeE4m3(float x) {
+  if (x != x) return 0x00;
+  const uint32_t bits = __float_as_uint(x);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const float a = fabsf(x);
+  if (a >= 448.0f) return static_cast<uint8_t>(sign | 0x7Eu);
+  if (a < 0.015625f) {  // subnormal grid 2^-9; a * 512 is exact
+    const float q = a * 512.0f;
+    uint32_t n = static_cast<uint32_t>(q);
+    const float frac = q - static_cast<float>(n);
+    if (frac > 0.5f || (frac == 0.5f && (n & 1u))) ++n;
+    return static_cast<uint8_t>(sign | n);
+  }
+  const uint32_t abits = bits & 0x7FFFFFFFu;
+  uint32_t u = abits >> 20;
+  const uint32_t rem = abits & 0xFFFFFu;
+  if (rem > 0x80000u || (rem == 0x80000u && (u & 1u))) ++u;
+  const int exp8 = static_cast<int>(u >> 3) - 127 + 7;
+  uint32_t code = (static_cast<uint32_t>(exp8) << 3) | (u & 7u);
+  if (code > 0x7Eu) code = 0x7Eu;
+  return static_cast<uint8_t>(sign | code);
+}
+
+// Clears every byte of w that holds a NaN code (0x7F / 0xFF), so that NaN
+// codes decode to 0 as the CPU table does.
+__device__ __forceinline__ uint32_t ClearNanCodes(uint32_t w) {
+  const uint32_t nan_bytes = __vcmpeq4(w & 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  return w & ~nan_bytes;
+}
+
+// Two fp8 e4m3 codes (low byte first) -> bf16x2, exactly (every e4m3 value is
+// a bf16 value): e4m3x2 -> f16x2 in hardware, then f16 -> f32 -> bf16.
+__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 b = __float22bfloat162_rn(f);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// 16 codes (a uint4) -> 16 bf16 values (two uint4), NaN codes read as 0.
+__device__ __forceinline__ void E4m3x16ToBf16(uint4 codes, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {ClearNanCodes(codes.x), ClearNanCodes(codes.y),
+                         ClearNanCodes(codes.z), ClearNanCodes(codes.w)};
+  lo.x = E4m3x2ToBf16x2(w[0]);
+  lo.y = E4m3x2ToBf16x2(w[0] >> 16);
+  lo.z = E4m3x2ToBf16x2(w[1]);
+  lo.w = E4m3x2ToBf16x2(w[1] >> 16);
+  hi.x = E4m3x2ToBf16x2(w[2]);
+  hi.y = E4m3x2ToBf16x2(w[2] >> 16);
+  hi.z = E4m3x2ToBf16x2(w[3]);
+  hi.w = E4m3x2ToBf16x2(w[3] >> 16);
+}
+
+// A stored scale is used only when finite and positive (fp8::ScaleIsUsable).
+__device__ __forceinline__ float UsableScale(float s) {
+  return (s > 0.0f && s <= 3.402823466e38f) ? s : 0.0f;
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- cp.async ------------------------------------------------------------
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies 16 bytes global -> shared; when !valid the destination is zero-filled
+// and the source is not read.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
+               "l"(gmem), "r"(src_size));
+}
+
+__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool valid) {
+  const int src_size = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SmemAddr(smem)),
+               "l"(gmem), "r"(src_size));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// ---- ldmatrix / mma ------------------------------------------------------
+__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(smem)));
+}
+
+__device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(smem)));
+}
+
+// d += a(16x16 bf16, row) * b(16x8 bf16, col), f32 accumulators.
+// Fragment ownership (g = lane / 4, q = lane % 4):
+//   a0 (g, 2q..2q+1)  a1 (g+8, 2q..)  a2 (g, 8+2q..)  a3 (g+8, 8+2q..)
+//   b0 (k 2q..2q+1, n g)  b1 (k 8+2q.., n g)
+//   d0,d1 (g, 2q..2q+1)  d2,d3 (g+8, 2q..2q+1)
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace strata::cuda::dev
+
+#endif  // STRATA_KERNELS_CUDA_DEVICE_UTIL_CUH_

@@ -1,0 +1,77 @@
+// DeepSeek Sparse Attention on the GPU: the lightning-indexer score over fp8
+// keys and the exact top-k selection (DESIGN.md §3 "DSA indexer", §5;
+// docs/gpu-kernels.md).
+//
+//   score[b,t] = sum_h w[b,h] * ReLU(q[b,h] . k_t)      t < seq_lens[b]
+//
+// k_t is the dequantised key (codes * usable per-token scale). Keys live in
+// index pages of 64 tokens (addressed through a page table like the KV cache):
+//
+//   offset   size          contents
+//   0        64 x 128      key codes, token-major (slot s at s*128)
+//   8192     64 x f32      key scales (slot s at 8192 + 4*s)
+//   total    8448
+//
+// Top-k orders scores by the total order of TopkKey() below (larger first) and
+// breaks ties toward the lower position; the selected positions are written
+// in increasing order, padded with -1 when seq_len < k. With seq_len <= k
+// every position is selected, so sparse attention equals dense attention.
+//
+// Launches are asynchronous on `stream`.
+#ifndef STRATA_KERNELS_CUDA_DSA_INDEXER_H_
+#define STRATA_KERNELS_CUDA_DSA_INDEXER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace strata::cuda {
+
+inline constexpr int kIndexDim = 128;
+inline constexpr size_t kIndexPageScaleOffset = 64 * kIndexDim;             // 8192
+inline constexpr size_t kIndexPageBytes = kIndexPageScaleOffset + 64 * 4;  // 8448
+static_assert(kIndexPageBytes % 16 == 0, "index pages stay 16-byte aligned");
+
+struct DsaIndexerParams {
+  const void* q;             // [batch][index_heads][128] bf16 (q_is_bf16) or f32
+  bool q_is_bf16 = true;
+  const float* weights;      // [batch][index_heads] per-head weights (scales folded in)
+  int batch = 0;
+  int index_heads = 0;       // a multiple of 8, at most 64
+  const uint8_t* pool;       // [n_pages][kIndexPageBytes]
+  const int* page_table;     // [batch][page_table_stride]
+  int64_t page_table_stride = 0;
+  const int* seq_lens;       // [batch]
+  int64_t max_seq_len = 0;   // max over seq_lens (sizes the grid)
+  float* scores;             // [batch][score_stride] f32; [b][t] written for t < seq_lens[b]
+  int64_t score_stride = 0;
+};
+
+cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream);
+
+struct TopkParams {
+  const float* scores;       // [batch][score_stride]
+  int64_t score_stride = 0;
+  const int* seq_lens;       // [batch]
+  int batch = 0;
+  int k = 0;                 // 1 .. 65535
+  int* indices;              // [batch][k] selected positions, increasing, -1 padded
+};
+
+// One block per request: a three-pass radix select (11 + 11 + 10 bits) of the
+// threshold, then one ordered pass that writes the selection.
+cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream);
+
+// The order top-k uses: larger key = preferred. Equal floats give equal keys;
+// -0 orders just below +0.
+inline uint32_t TopkKey(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+}  // namespace strata::cuda
+
+#endif  // STRATA_KERNELS_CUDA_DSA_INDEXER_H_

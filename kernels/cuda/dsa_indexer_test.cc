@@ -1,0 +1,150 @@
+// DSA indexer scores against the float64 reference, and top-k against an
+// exact CPU selection on the same scores (ties to the lower position).
+#include "kernels/cuda/dsa_indexer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/reference.h"
+#include "kernels/cuda/test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+namespace ref = reference;
+
+class DsaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
+    seed_ = testing::FreshSeed();
+  }
+
+  // Runs top-k on the device over host scores; returns [batch][k].
+  std::vector<int> DeviceTopk(const std::vector<float>& scores, int64_t stride,
+                              const std::vector<int>& lens, int k) {
+    const int batch = static_cast<int>(lens.size());
+    DeviceBuffer ds(scores.size() * 4), dl(batch * 4), di(static_cast<size_t>(batch) * k * 4);
+    ds.Upload(scores.data(), scores.size() * 4);
+    dl.Upload(lens.data(), batch * 4);
+    di.Poison(0x7E);
+    TopkParams p{ds.as<float>(), stride, dl.as<int>(), batch, k, di.as<int>()};
+    STRATA_CUDA_OK(LaunchTopk(p, nullptr));
+    STRATA_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int> out(static_cast<size_t>(batch) * k);
+    di.Download(out.data(), out.size() * 4);
+    return out;
+  }
+
+  uint64_t seed_ = 0;
+};
+
+TEST_F(DsaTest, IndexerScoresAndSelection) {
+  SCOPED_TRACE(seed_);
+  testing::Rng rng(seed_);
+  const int k = 2048;
+  for (int heads : {64, 32}) {
+    for (bool q_bf16 : {true, false}) {
+      const std::vector<int64_t> lens = heads == 64 && q_bf16
+                                            ? std::vector<int64_t>{131072, 1, 4097}
+                                            : std::vector<int64_t>{63, 64, 65, 2048, 2049, 4095};
+      const int batch = static_cast<int>(lens.size());
+      const ref::PagedKv keys = ref::MakeRandomIndexKeys(lens, seed_ + heads + q_bf16, 16);
+      std::vector<float> q(static_cast<size_t>(batch) * heads * kIndexDim), w(static_cast<size_t>(batch) * heads);
+      for (float& x : q) x = testing::FromBf16Bits(testing::ToBf16Bits(rng.Normal()));
+      for (float& x : w) x = rng.Normal() * 0.1f;
+      DeviceBuffer dq(q.size() * (q_bf16 ? 2 : 4)), dw(w.size() * 4), dpool(keys.pool.size()),
+          dtab(keys.page_table.size() * 4), dlens(batch * 4);
+      if (q_bf16) {
+        std::vector<uint16_t> qb(q.size());
+        for (size_t i = 0; i < q.size(); ++i) qb[i] = testing::ToBf16Bits(q[i]);
+        dq.Upload(qb.data(), qb.size() * 2);
+      } else {
+        dq.Upload(q.data(), q.size() * 4);
+      }
+      dw.Upload(w.data(), w.size() * 4);
+      dpool.Upload(keys.pool.data(), keys.pool.size());
+      dtab.Upload(keys.page_table.data(), keys.page_table.size() * 4);
+      dlens.Upload(keys.seq_lens.data(), batch * 4);
+      const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+      DeviceBuffer dscores(static_cast<size_t>(batch) * max_len * 4);
+      dscores.Poison();
+      DsaIndexerParams p;
+      p.q = dq.as<void>();
+      p.q_is_bf16 = q_bf16;
+      p.weights = dw.as<float>();
+      p.batch = batch;
+      p.index_heads = heads;
+      p.pool = dpool.as<uint8_t>();
+      p.page_table = dtab.as<int>();
+      p.page_table_stride = keys.stride;
+      p.seq_lens = dlens.as<int>();
+      p.max_seq_len = max_len;
+      p.scores = dscores.as<float>();
+      p.score_stride = max_len;
+      STRATA_CUDA_OK(LaunchDsaIndexer(p, nullptr));
+      STRATA_CUDA_OK(cudaDeviceSynchronize());
+      std::vector<float> scores(static_cast<size_t>(batch) * max_len);
+      dscores.Download(scores.data(), scores.size() * 4);
+      for (int b = 0; b < batch; ++b) {
+        SCOPED_TRACE(::testing::Message() << "heads " << heads << " bf16 " << q_bf16 << " T " << lens[b]);
+        std::vector<double> want, bound;
+        ref::IndexerScores(keys, b, q.data() + static_cast<size_t>(b) * heads * kIndexDim,
+                           w.data() + static_cast<size_t>(b) * heads, heads, &want, &bound);
+        int64_t bad = 0, nonfinite = 0;
+        for (int64_t t = 0; t < lens[b]; ++t) {
+          const float g = scores[b * max_len + t];
+          if (!std::isfinite(g)) {
+            ++nonfinite;
+            continue;
+          }
+          // f32 accumulation of 128-term dots and <= 64 heads: far under 2^-14 of the absolute sum.
+          if (std::fabs(g - want[t]) > 0x1.0p-14 * bound[t] + 1e-30) ++bad;
+        }
+        EXPECT_EQ(nonfinite, 0);
+        EXPECT_EQ(bad, 0);
+      }
+      // Selection on the device equals the CPU selection on the same scores.
+      std::vector<int> ilens(lens.begin(), lens.end());
+      const std::vector<int> got = DeviceTopk(scores, max_len, ilens, k);
+      for (int b = 0; b < batch; ++b) {
+        const std::vector<int> want = ref::Topk(scores.data() + b * max_len, lens[b], k);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + static_cast<size_t>(b) * k))
+            << "top-k differs, T " << lens[b];
+      }
+    }
+  }
+}
+
+TEST_F(DsaTest, TopkBreaksTiesTowardLowerPositions) {
+  SCOPED_TRACE(seed_);
+  testing::Rng rng(seed_);
+  const std::vector<int> lens = {1, 100, 2048, 2049, 5000, 131072, 300000};
+  const int64_t stride = 300000;
+  for (int k : {2048, 1, 777}) {
+    for (int levels : {3, 1000, 0}) {  // few distinct values, many, continuous
+      std::vector<float> scores(lens.size() * stride);
+      for (float& x : scores) {
+        if (levels == 0) {
+          x = rng.Normal();
+        } else {
+          x = static_cast<float>(rng.Below(levels)) - levels / 2;
+          if (rng.Below(50) == 0) x = -0.0f;  // -0 orders just below +0
+        }
+      }
+      const std::vector<int> got = DeviceTopk(scores, stride, lens, k);
+      for (size_t b = 0; b < lens.size(); ++b) {
+        const std::vector<int> want = ref::Topk(scores.data() + b * stride, lens[b], k);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + b * k))
+            << "k " << k << " levels " << levels << " T " << lens[b];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::cuda

@@ -1,0 +1,99 @@
+// Absorbed MLA decode over the paged fp8 KV cache (DESIGN.md §3 "Absorbed MLA
+// decode", §5; docs/gpu-kernels.md). For each request b and head h, with one
+// query token:
+//
+//   s_t = softmax_scale * (q_abs[b,h] . c_t + q_pe[b,h] . r_t)
+//   out[b,h] = sum_t softmax(s)_t c_t        (the latent context, 512-d f32)
+//   lse[b,h] = log sum_t exp(s_t)             (natural log; -inf when no token)
+//
+// over the tokens t of request b (dense: positions 0 .. seq_lens[b]-1; sparse:
+// the positions listed in indices[b], entries < 0 or >= seq_lens[b] skipped).
+// c_t, r_t are the dequantised cache rows (codes * usable scale; NaN codes and
+// unusable scales read as zero, as on the CPU).
+//
+// Flash-decoding: the token range of a request is cut into splits whose count
+// depends only on that request's length (so a request's bits do not depend on
+// the rest of the batch); each block handles one split for 64 heads, then a
+// merge kernel combines the partial results with their max and sum. Tensor
+// cores: bf16 mma.sync with the fp8 codes widened exactly to bf16 and the
+// per-token scales applied in f32.
+//
+// Host functions are thread-compatible; launches are asynchronous on `stream`.
+#ifndef STRATA_KERNELS_CUDA_MLA_DECODE_H_
+#define STRATA_KERNELS_CUDA_MLA_DECODE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace strata::cuda {
+
+struct MlaDecodeParams {
+  // Queries: one token per request. bf16 (q_is_bf16) or f32.
+  const void* q_abs;         // [batch][heads][512]
+  const void* q_pe;          // [batch][heads][64]
+  bool q_is_bf16 = true;
+  int batch = 0;
+  int heads = 0;             // any count >= 1; blocks take 64 heads each
+  float softmax_scale = 1.0f;
+
+  // The cache (kv_layout.h).
+  const uint8_t* pool;       // [n_pages][kPageBytes]
+  const int* page_table;     // [batch][page_table_stride] pool page of each logical page
+  int64_t page_table_stride = 0;
+  const int* seq_lens;       // [batch] tokens in each request's cache
+
+  // Sparse attention: null for dense. Otherwise positions to attend.
+  const int* indices = nullptr;  // [batch][index_stride]; < 0 means "no entry"
+  int64_t index_stride = 0;
+
+  // The plan (MlaDecodePlan, copied to the device).
+  const int* work;           // [num_work][4] {request, split, tile_begin, tile_end}
+  int num_work = 0;
+  const int* split_offset;   // [batch + 1] first partial slot of each request
+
+  // Workspace: total_splits = split_offset[batch].
+  float* o_partial;          // [total_splits][heads][512] unnormalised partial context
+  float* ml_partial;         // [total_splits][heads][2] {running max (log2 units), sum}
+
+  // Outputs.
+  float* out;                // [batch][heads][512] f32
+  float* lse;                // [batch][heads] f32
+};
+
+// How a length is cut into splits. Depends on nothing but the arguments, so a
+// request gets the same splits whatever else is in its batch.
+struct MlaSplitPolicy {
+  int num_sms = 132;             // the device's multiprocessor count
+  int min_tiles_per_split = 8;   // a tile is 64 tokens (or 64 index entries)
+};
+
+// Number of splits for a request of `length` tokens (dense) or index entries
+// (sparse) with `heads` heads.
+int MlaSplitCount(int64_t length, int heads, const MlaSplitPolicy& policy);
+
+// The work list of one launch, built on the host from host-side lengths.
+struct MlaDecodePlan {
+  std::vector<int> work;          // 4 ints per work item, see MlaDecodeParams::work
+  std::vector<int> split_offset;  // batch + 1 entries
+  int num_work = 0;
+  int total_splits = 0;
+};
+
+// lengths[b]: seq_lens[b] for dense, index_stride for sparse.
+MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
+                            const MlaSplitPolicy& policy);
+
+// Workspace floats needed for o_partial and ml_partial.
+inline int64_t MlaPartialFloats(int total_splits, int heads) {
+  return static_cast<int64_t>(total_splits) * heads * 512;
+}
+
+// Launches the split kernel and the merge. REQUIRES: params filled from a plan
+// for these lengths; the device supports 200 KB of shared memory per block.
+cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream);
+
+}  // namespace strata::cuda
+
+#endif  // STRATA_KERNELS_CUDA_MLA_DECODE_H_
