@@ -11,10 +11,6 @@ namespace strata::cli {
 int Score(const std::vector<std::string>& args);
 int Generate(const std::vector<std::string>& args);
 // `strata generate --server ADDR`: the gRPC client (cli/client.cc).
-int GenerateRemote(const std::vector<std::string>& args);
-int Up(const std::vector<std::string>& args);
-int Plan(const std::vector<std::string>& args);
-int Session(const std::vector<std::string>& args);
 
 }  // namespace strata::cli
 

@@ -14,10 +14,6 @@ constexpr const char* kUsage = R"(usage: strata COMMAND [flags]
 commands:
   generate   generate text in-process, streamed to standard output
   score      teacher-forced log-probabilities of a token sequence, as JSON
-  up         start a local cluster (coordinator, workers, KV store) on loopback
-  plan       print the layer placement for a model and a number of workers
-  session    save, resume, list or remove sessions of a cluster (--server ADDR)
-  (generate --server ADDR streams from a cluster instead of running in-process)
 
 Run `strata COMMAND --help` for the flags of a command. See docs/cli.md.
 )";
@@ -33,15 +29,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "score") return strata::cli::Score(args);
-  if (cmd == "generate" && std::find_if(args.begin(), args.end(), [](const std::string& a) {
-                             return a == "--server" || a.rfind("--server=", 0) == 0;
-                           }) != args.end()) {
-    return strata::cli::GenerateRemote(args);
-  }
   if (cmd == "generate") return strata::cli::Generate(args);
-  if (cmd == "up") return strata::cli::Up(args);
-  if (cmd == "plan") return strata::cli::Plan(args);
-  if (cmd == "session") return strata::cli::Session(args);
   std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }
