@@ -2,10 +2,15 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kvstore/coli_kv.h"
+#include "kvstore/coli_kv_file.h"
+#include "kvstore/env.h"
 #include "model/random_model.h"
 #include "nlohmann/json.hpp"
 
@@ -121,6 +126,71 @@ TEST(CliDemoTest, GenerateRejectsBadInput) {
     RunResult r = Strata("generate --model " + demo + " " + bad);
     EXPECT_NE(r.code, 0) << bad;
   }
+}
+
+// A colibri-style file (no manifest) for the demo model's dimensions goes
+// through import, verify, inspect and convert; a file from another model or
+// a corrupted one is refused with a clear error.
+TEST(CliKvTest, ImportVerifyInspectConvert) {
+  const std::string demo = std::string(STRATA_SOURCE_DIR) + "/models/demo";
+  const std::string fix = std::string(STRATA_SOURCE_DIR) + "/tests/data/models/deepseek_v32";
+  const fs::path dir = fs::path(::testing::TempDir()) / ("cli_kv_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "s.coli_kv").string();
+  // The demo model: 4 layers, kv_lora 64, rope 16, 4 indexer layers of 32, vocab 2048.
+  kv::Dims d{4, 64, 16, 32, 4, 2048};
+  {
+    auto w = kv::ColiKvWriter::Create(kv::Env::Default(), file, kv::Version::kV2, d);
+    ASSERT_TRUE(w.ok()) << w.status();
+    kv::RecordBuilder rb(d);
+    std::vector<float> lat(64), rope(16), keys(32);
+    std::string recs;
+    for (int t = 0; t < 5; ++t) {
+      rb.Reset();
+      rb.SetToken(t * 7);
+      for (int l = 0; l < 4; ++l) {
+        for (int i = 0; i < 64; ++i) lat[i] = std::sin(t + i + l);
+        for (int i = 0; i < 16; ++i) rope[i] = std::cos(t * i + l);
+        rb.SetLayer(l, lat.data(), rope.data());
+      }
+      for (int s = 0; s < 4; ++s) {
+        for (int i = 0; i < 32; ++i) keys[i] = 0.1f * (i - s);
+        rb.SetIndexerKeys(s, keys.data());
+      }
+      recs += std::string(rb.bytes());
+    }
+    ASSERT_TRUE((*w)->Append(recs).ok());
+    ASSERT_TRUE((*w)->Commit(5).ok());
+  }
+  EXPECT_EQ(Strata("kv verify " + file).code, 1);  // no manifest yet
+  EXPECT_EQ(Strata("kv import --model " + fix + " " + file).code, 1);  // other dimensions
+  ASSERT_EQ(Strata("kv import --model " + demo + " " + file).code, 0);
+  EXPECT_EQ(Strata("kv import --model " + demo + " " + file).code, 1);  // already imported
+  EXPECT_EQ(Strata("kv verify --model " + demo + " " + file).code, 0);
+  RunResult ins = Strata("kv inspect " + file);
+  ASSERT_EQ(ins.code, 0);
+  auto j = nlohmann::json::parse(ins.out);
+  EXPECT_EQ(j["nrec"], 5);
+  EXPECT_EQ(j["first_tokens"], nlohmann::json({0, 7, 14, 21, 28}));
+  const std::string v1 = (dir / "s1.coli_kv").string(), v2 = (dir / "s2.coli_kv").string();
+  ASSERT_EQ(Strata("kv convert --to v1 " + file + " " + v1).code, 0);
+  ASSERT_EQ(Strata("kv convert --to v2 " + v1 + " " + v2).code, 0);
+  EXPECT_EQ(Strata("kv verify --model " + demo + " " + v2).code, 0);
+  // Flip one byte inside a record: the chunk checksum no longer matches.
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40 + 100);
+    char c;
+    f.seekg(40 + 100);
+    f.get(c);
+    f.seekp(40 + 100);
+    f.put(static_cast<char>(c ^ 0x5A));
+  }
+  EXPECT_EQ(Strata("kv verify " + file).code, 1);
+  EXPECT_EQ(Strata("kv verify " + (dir / "missing.coli_kv").string()).code, 1);
+  EXPECT_EQ(Strata("kv convert --to v3 " + file + " " + v1).code, 2);
+  EXPECT_EQ(Strata("kv frob").code, 2);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ namespace strata::cli {
 
 int Score(const std::vector<std::string>& args);
 int Generate(const std::vector<std::string>& args);
+int Kv(const std::vector<std::string>& args);
 // `strata generate --server ADDR`: the gRPC client (cli/client.cc).
 
 }  // namespace strata::cli

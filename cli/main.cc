@@ -14,6 +14,7 @@ constexpr const char* kUsage = R"(usage: strata COMMAND [flags]
 commands:
   generate   generate text in-process, streamed to standard output
   score      teacher-forced log-probabilities of a token sequence, as JSON
+  kv         inspect, verify, convert or import .coli_kv session files
 
 Run `strata COMMAND --help` for the flags of a command. See docs/cli.md.
 )";
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "score") return strata::cli::Score(args);
+  if (cmd == "kv") return strata::cli::Kv(args);
   if (cmd == "generate") return strata::cli::Generate(args);
   std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;

@@ -43,6 +43,25 @@ void SequenceKv::AppendIndexKey(int layer, const float* k) {
   fp8::DequantizeRow(codes.data(), s, index_dim_, L.index_k.data() + L.index_k.size() - index_dim_);
 }
 
+void SequenceKv::AppendQuantizedRow(int layer, const uint8_t* c_codes, float c_scale, const uint8_t* r_codes,
+                                    float r_scale) {
+  LayerKv& L = layers_[layer];
+  L.c.resize(L.c.size() + kv_lora_);
+  fp8::DequantizeRow(c_codes, c_scale, kv_lora_, L.c.data() + L.c.size() - kv_lora_);
+  L.r.resize(L.r.size() + rope_);
+  fp8::DequantizeRow(r_codes, r_scale, rope_, L.r.data() + L.r.size() - rope_);
+  if (dtype_ == KvDtype::kF32) return;
+  L.c_codes.insert(L.c_codes.end(), c_codes, c_codes + kv_lora_);
+  L.r_codes.insert(L.r_codes.end(), r_codes, r_codes + rope_);
+  L.c_scale.push_back(c_scale);
+  L.r_scale.push_back(r_scale);
+}
+
+void SequenceKv::AppendStoredIndexKey(int layer, const float* k) {
+  LayerKv& L = layers_[layer];
+  L.index_k.insert(L.index_k.end(), k, k + index_dim_);
+}
+
 void SequenceKv::Truncate(int n) {
   if (n >= num_tokens_) return;
   for (LayerKv& L : layers_) {

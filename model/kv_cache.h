@@ -50,6 +50,18 @@ class SequenceKv {
   // Appends one token's row to layer i (quantising it in fp8 mode).
   void AppendRow(int layer, const float* c, const float* r);
   void AppendIndexKey(int layer, const float* k);
+  // Appends one token's row to layer i from its stored form (a .coli_kv v2
+  // row: kv_lora fp8 codes + scale, rope codes + scale). In fp8 mode the
+  // codes, the scales and the dequantised floats are exactly what AppendRow
+  // keeps for the floats these codes were quantised from; in f32 mode only
+  // the dequantised floats are kept. No recomputation: used to load a
+  // session from the KV store.
+  void AppendQuantizedRow(int layer, const uint8_t* c_codes, float c_scale, const uint8_t* r_codes,
+                          float r_scale);
+  // Appends an indexer key as stored (index_dim floats, taken verbatim, never
+  // re-quantised: with fp8 indexer keys the stored values are already the
+  // dequantised ones).
+  void AppendStoredIndexKey(int layer, const float* k);
   // Called once every layer has appended `n` rows.
   void Commit(int n) { num_tokens_ += n; }
   // Drops every row from position `n` on (n <= num_tokens()).

@@ -1,0 +1,170 @@
+#include "kvstore/inspect.h"
+
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "kvstore/coli_kv_file.h"
+#include "kvstore/fault_injection_env.h"
+#include "kvstore/manifest.h"
+#include "kvstore/session_file.h"
+#include "kvstore/test_util.h"
+#include "nlohmann/json.hpp"
+
+namespace strata::kv {
+namespace {
+
+using Json = nlohmann::json;
+
+class InspectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(env_.CreateDir("/s").ok());
+    dims_ = testing::RandomDims(rng_);
+    dims_.nic = dims_.index_hd > 0 ? dims_.n_layers : 0;
+    for (int p = 0; p < n_; ++p) {
+      rows_.push_back(testing::RandomV2Rows(rng_, dims_));
+      records_ += testing::SpecV2Record(dims_, rows_.back());
+    }
+    Write(path_, testing::SpecHeader(true, dims_, n_) + records_);
+  }
+
+  void Write(const std::string& path, const std::string& bytes) {
+    auto f = env_.Open(path, OpenMode::kCreateTruncate);
+    ASSERT_TRUE((*f)->Write(0, bytes).ok());
+  }
+
+  void Import() {
+    ImportOptions o;
+    o.dims = dims_;
+    o.fingerprint = fingerprint_;
+    o.chunk_records = 4;
+    o.metadata["who"] = "test";
+    ASSERT_TRUE(ImportSession(&env_, path_, o).ok());
+  }
+
+  Json Report(InspectOptions o = {}) {
+    auto s = InspectFile(&env_, path_, o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return Json::parse(s.ok() ? *s : "{}");
+  }
+
+  static std::string FirstCode(const Json& j) {
+    return j["problems"].empty() ? "OK" : j["problems"][0]["code"].get<std::string>();
+  }
+
+  FaultInjectionEnv env_;
+  std::mt19937_64 rng_ = testing::FreshRng();
+  const std::string path_ = "/s/a.coli_kv";
+  Dims dims_;
+  const int n_ = 10;
+  std::vector<testing::V2Rows> rows_;
+  std::string records_;
+  const uint64_t fingerprint_ = rng_();
+};
+
+TEST_F(InspectTest, HealthySession) {
+  Import();
+  InspectOptions o;
+  o.max_tokens = 3;
+  o.expected_fingerprint = fingerprint_;
+  const Json j = Report(o);
+  EXPECT_EQ(j["magic"], "COLIKV2");
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["dims"]["kv_lora"], dims_.kv_lora);
+  EXPECT_EQ(j["dims"]["nic"], dims_.nic);
+  EXPECT_EQ(j["nrec"], n_);
+  EXPECT_EQ(j["header_nrec"], n_);
+  EXPECT_EQ(j["torn"], false);
+  EXPECT_EQ(j["record_bytes"], testing::SpecV2RecordBytes(dims_));
+  EXPECT_EQ(j["file_bytes"], 40 + n_ * testing::SpecV2RecordBytes(dims_));
+  ASSERT_EQ(j["first_tokens"].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(j["first_tokens"][i], rows_[i].token);
+  EXPECT_EQ(j["manifest"]["present"], true);
+  EXPECT_EQ(j["manifest"]["fingerprint"], absl::StrFormat("%016x", fingerprint_));
+  EXPECT_EQ(j["manifest"]["checksummed_records"], 8);
+  EXPECT_EQ(j["manifest"]["checksums"], "ok");
+  EXPECT_EQ(j["manifest"]["metadata"]["who"], "test");
+  EXPECT_EQ(j["sanitize"]["nan_codes"], 0);
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_TRUE(j["problems"].empty());
+  EXPECT_TRUE(VerifyFile(&env_, path_, o).ok());
+}
+
+TEST_F(InspectTest, ProblemsAndTheirCodes) {
+  // No manifest.
+  EXPECT_EQ(FirstCode(Report()), "FAILED_PRECONDITION");
+  EXPECT_EQ(VerifyFile(&env_, path_, {}).code(), absl::StatusCode::kFailedPrecondition);
+  Import();
+  // Another model.
+  InspectOptions o;
+  o.expected_fingerprint = fingerprint_ + 1;
+  EXPECT_EQ(VerifyFile(&env_, path_, o).code(), absl::StatusCode::kFailedPrecondition);
+  // A NaN code in record 9 (outside the checksummed chunks): sanitised on load.
+  {
+    auto f = env_.Open(path_, OpenMode::kReadWrite);
+    const int64_t off = 40 + 9 * testing::SpecV2RecordBytes(dims_) + 4;  // layer 0 latent[0]
+    ASSERT_TRUE((*f)->Write(off, "\x7f").ok());
+  }
+  Json j = Report();
+  EXPECT_EQ(j["sanitize"]["nan_codes"], 1);
+  EXPECT_EQ(FirstCode(j), "DATA_LOSS");
+  EXPECT_EQ(j["manifest"]["checksums"], "ok");
+  // A changed byte inside chunk 1.
+  {
+    auto f = env_.Open(path_, OpenMode::kReadWrite);
+    const int64_t off = 40 + 5 * testing::SpecV2RecordBytes(dims_);
+    ASSERT_TRUE((*f)->Write(off, std::string(4, '\x01')).ok());  // record 5's token id
+  }
+  j = Report();
+  EXPECT_EQ(j["manifest"]["checksums"], "mismatch");
+  bool named = false;
+  for (const Json& p : j["problems"]) {
+    named = named || p["message"].get<std::string>().find("chunk 1 ") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << j.dump();
+  EXPECT_EQ(VerifyFile(&env_, path_, {}).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(InspectTest, TornAndForeignFiles) {
+  const int64_t rb = testing::SpecV2RecordBytes(dims_);
+  Write(path_, testing::SpecHeader(true, dims_, n_) + records_.substr(0, 6 * rb + 1));
+  Json j = Report();
+  EXPECT_EQ(j["torn"], true);
+  EXPECT_EQ(j["nrec"], 6);
+  EXPECT_EQ(j["bytes_after_records"], 1);
+  EXPECT_EQ(FirstCode(j), "DATA_LOSS");
+
+  Write(path_, std::string("GGUF\x03\x00\x00\x00", 8) + std::string(52, 'x'));
+  j = Report();
+  EXPECT_EQ(j["magic"], "4747554603000000");
+  EXPECT_TRUE(j["version"].is_null());
+  EXPECT_EQ(FirstCode(j), "INVALID_ARGUMENT");
+  EXPECT_EQ(VerifyFile(&env_, path_, {}).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(InspectFile(&env_, "/s/none", {}).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(InspectTest, ConvertCarriesTheManifest) {
+  Import();
+  ASSERT_TRUE(ConvertSessionFile(&env_, path_, "/s/b.coli_kv", Version::kV1).ok());
+  CheckOptions check;
+  check.expected_fingerprint = fingerprint_;
+  auto b = OpenCheckedSession(&env_, "/s/b.coli_kv", check);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->reader->version(), Version::kV1);
+  EXPECT_EQ(b->reader->nrec(), n_);
+  EXPECT_EQ(b->manifest.metadata.at("who"), "test");
+  ASSERT_TRUE(ConvertSessionFile(&env_, "/s/b.coli_kv", "/s/b.coli_kv", Version::kV2).ok());
+  EXPECT_TRUE(OpenCheckedSession(&env_, "/s/b.coli_kv", check).ok());
+  EXPECT_EQ(ConvertSessionFile(&env_, path_, path_, Version::kV1).code(),
+            absl::StatusCode::kInvalidArgument);
+  Write("/s/foreign.coli_kv", testing::SpecHeader(true, dims_, 0));
+  EXPECT_EQ(ConvertSessionFile(&env_, "/s/foreign.coli_kv", path_, Version::kV2).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ConvertSessionFile(&env_, "/s/none", "/s/c.coli_kv", Version::kV2).code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace strata::kv

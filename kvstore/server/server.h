@@ -1,0 +1,63 @@
+// KvStoreServer: a running `strata-kvstore` — the Store, the KVStore
+// service, and grpc.health.v1 (service "" and "strata.v1.KVStore" report
+// SERVING until shutdown) on one listening address. Used by the binary
+// (kvstore/server/main.cc) and by in-process tests; flags and RPCs are in
+// docs/coli-kv.md ("The KV store service").
+//
+// Thread-safety: Start, port and store may be called from any thread;
+// Shutdown is idempotent and thread-safe.
+#ifndef STRATA_KVSTORE_SERVER_SERVER_H_
+#define STRATA_KVSTORE_SERVER_SERVER_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "kvstore/env.h"
+#include "kvstore/server/service.h"
+#include "kvstore/store.h"
+
+namespace strata::kv {
+
+struct ServerOptions {
+  // host:port; port 0 picks a free port (see port()).
+  std::string listen_address = "127.0.0.1:0";
+  StoreOptions store;
+  ServiceOptions service;
+  // Largest request message accepted (Append rows messages).
+  int max_receive_message_bytes = 64 << 20;
+};
+
+class KvStoreServer {
+ public:
+  static constexpr char kServiceName[] = "strata.v1.KVStore";
+
+  // Opens the store (FAILED_PRECONDITION when another process holds the
+  // directory) and starts serving. UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<KvStoreServer>> Start(Env* env, const ServerOptions& options);
+
+  ~KvStoreServer();  // Shutdown()
+
+  int port() const { return port_; }
+  Store* store() { return store_.get(); }
+
+  // Marks the health status NOT_SERVING, stops accepting calls, cancels the
+  // ones still running after a grace period, and makes every written row
+  // that can commit durable.
+  void Shutdown();
+
+ private:
+  KvStoreServer() = default;
+
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<KvStoreService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace strata::kv
+
+#endif  // STRATA_KVSTORE_SERVER_SERVER_H_

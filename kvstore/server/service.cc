@@ -1,0 +1,159 @@
+#include "kvstore/server/service.h"
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvstore/server/reactors.h"
+
+namespace strata::kv {
+namespace {
+
+using strata::v1::KvDims;
+
+// Runs `fn` (returning an absl::Status) and finishes the unary RPC with it.
+template <typename Fn>
+grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* ctx, Fn&& fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s;
+  try {
+    s = fn();
+  } catch (const std::exception& e) {  // never let a bad request take the server down
+    s = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
+  }
+  reactor->Finish(ToGrpc(s));
+  return reactor;
+}
+
+Dims FromProto(const KvDims& d) {
+  return Dims{d.n_layers(), d.kv_lora(), d.qk_rope(), d.index_hd(), d.nic(), d.vocab()};
+}
+
+void ToProto(const Dims& d, KvDims* out) {
+  out->set_n_layers(d.n_layers);
+  out->set_kv_lora(d.kv_lora);
+  out->set_qk_rope(d.qk_rope);
+  out->set_index_hd(d.index_hd);
+  out->set_nic(d.nic);
+  out->set_vocab(d.vocab);
+}
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+void FillSessionInfo(const SessionInfo& info, strata::v1::SessionInfo* out) {
+  out->set_session_id(info.id);
+  ToProto(info.manifest.dims, out->mutable_dims());
+  for (int32_t l : info.manifest.indexer_layers) out->add_indexer_layers(l);
+  out->set_fingerprint(info.manifest.fingerprint);
+  out->set_nrec(info.nrec);
+  out->set_turn_watermark(info.manifest.turn_watermark);
+  for (const auto& [k, v] : info.manifest.metadata) (*out->mutable_metadata())[k] = v;
+  out->set_format_version(info.version == Version::kV1 ? 1 : 2);
+  out->set_file_bytes(info.file_bytes);
+  for (const LayerRange& r : info.writers) {
+    strata::v1::LayerRange* w = out->add_writers();
+    w->set_begin(r.begin);
+    w->set_end(r.end);
+  }
+}
+
+grpc::ServerUnaryReactor* KvStoreService::CreateSession(grpc::CallbackServerContext* ctx,
+                                                        const strata::v1::CreateSessionRequest* req,
+                                                        strata::v1::SessionInfo* resp) {
+  return RunUnary(ctx, [&]() -> absl::Status {
+    SessionSpec spec;
+    spec.dims = FromProto(req->dims());
+    spec.indexer_layers.assign(req->indexer_layers().begin(), req->indexer_layers().end());
+    spec.fingerprint = req->fingerprint();
+    spec.metadata.insert(req->metadata().begin(), req->metadata().end());
+    absl::StatusOr<std::shared_ptr<Session>> s = store_->Create(req->session_id(), spec);
+    if (!s.ok()) return s.status();
+    FillSessionInfo((*s)->Info(), resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerBidiReactor<strata::v1::AppendRequest, strata::v1::AppendResponse>*
+KvStoreService::Append(grpc::CallbackServerContext* ctx) {
+  return NewAppendReactor(store_);
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Truncate(grpc::CallbackServerContext* ctx,
+                                                   const strata::v1::TruncateRequest* req,
+                                                   strata::v1::TruncateResponse* resp) {
+  return RunUnary(ctx, [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(req->session_id());
+    if (!s.ok()) return s.status();
+    if (absl::Status t = (*s)->Truncate(req->nrec()); !t.ok()) return t;
+    resp->set_nrec((*s)->nrec());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<strata::v1::LoadChunk>* KvStoreService::Load(
+    grpc::CallbackServerContext* ctx, const strata::v1::LoadRequest* req) {
+  return NewLoadReactor(store_, *req, options_.load_chunk_bytes);
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
+                                               const strata::v1::StatRequest* req,
+                                               strata::v1::SessionInfo* resp) {
+  return RunUnary(ctx, [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(req->session_id());
+    if (!s.ok()) return s.status();
+    FillSessionInfo((*s)->Info(), resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::List(grpc::CallbackServerContext* ctx,
+                                               const strata::v1::ListRequest* req,
+                                               strata::v1::ListResponse* resp) {
+  return RunUnary(ctx, [&]() -> absl::Status {
+    if (req->page_size() < 0) return absl::InvalidArgumentError("page_size must be >= 0");
+    bool more = false;
+    absl::StatusOr<std::vector<SessionSummary>> list =
+        store_->List(req->prefix(), req->page_token(), static_cast<size_t>(req->page_size()), &more);
+    if (!list.ok()) return list.status();
+    for (const SessionSummary& s : *list) {
+      strata::v1::SessionSummary* out = resp->add_sessions();
+      out->set_session_id(s.id);
+      out->set_nrec(s.nrec);
+      out->set_file_bytes(s.file_bytes);
+      if (!s.problem.ok()) out->set_problem(s.problem.ToString());
+    }
+    if (more && !list->empty()) resp->set_next_page_token(list->back().id);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Delete(grpc::CallbackServerContext* ctx,
+                                                 const strata::v1::DeleteRequest* req,
+                                                 strata::v1::DeleteResponse* resp) {
+  return RunUnary(ctx, [&]() { return store_->Delete(req->session_id()); });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::UpdateSession(
+    grpc::CallbackServerContext* ctx, const strata::v1::UpdateSessionRequest* req,
+    strata::v1::SessionInfo* resp) {
+  return RunUnary(ctx, [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(req->session_id());
+    if (!s.ok()) return s.status();
+    std::optional<int64_t> watermark;
+    if (req->has_turn_watermark()) watermark = req->turn_watermark();
+    std::map<std::string, std::string> set(req->set_metadata().begin(), req->set_metadata().end());
+    std::vector<std::string> remove(req->remove_metadata().begin(), req->remove_metadata().end());
+    if (absl::Status u = (*s)->Update(watermark, set, remove); !u.ok()) return u;
+    FillSessionInfo((*s)->Info(), resp);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace strata::kv
