@@ -4,7 +4,8 @@
 // bandwidth measured in the same run. The matrix peak is passed in
 // (--matrix_tflops, measured by bench/gpu_check.sh) or the bf16 datasheet value.
 //
-// Usage: strata_attention_bench [--matrix_tflops=X] [--quick]
+// Usage: strata_attention_bench [--matrix_tflops=X] [--quick] [--case=TEXT]
+// (--case: only the cases whose name contains TEXT, e.g. for a profiler run)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -106,10 +107,16 @@ DeviceKv Upload(const ref::PagedKv& kv) {
 }
 
 int g_sms = 132;
+std::string g_case;  // --case=TEXT: only the cases whose name contains TEXT
 
-// Dense (indices empty) or sparse MLA decode for the given context lengths.
+bool Selected(const std::string& name) { return g_case.empty() || name.find(g_case) != std::string::npos; }
+
+// Dense (topk == 0) or sparse MLA decode for the given context lengths, timed
+// once per split policy in `min_tiles` (dense: min_tiles_per_split; sparse:
+// sparse_min_tiles_per_split) on the same data. `labels` name the variants.
 void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<int64_t>& lens,
-                 int topk, int min_tiles_per_split) {
+                 int topk, const std::vector<int>& min_tiles, const std::vector<std::string>& labels) {
+  if (!Selected(name)) return;
   const int batch = static_cast<int>(lens.size());
   const uint64_t seed = strata::cuda::testing::FreshSeed();
   const ref::PagedKv kv = ref::MakeRandomKv(lens, seed, 16);
@@ -136,49 +143,56 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
   if (!idx.empty()) didx.Upload(idx.data(), idx.size() * 4);
   std::vector<int64_t> plan_lens(batch);
   for (int b = 0; b < batch; ++b) plan_lens[b] = topk > 0 ? topk : lens[b];
-  sc::MlaSplitPolicy pol;
-  pol.num_sms = g_sms;
-  pol.min_tiles_per_split = min_tiles_per_split;
-  const sc::MlaDecodePlan plan = sc::PlanMlaDecode(plan_lens.data(), batch, kHeads, pol);
-  DeviceBuffer work(plan.work.size() * 4), offs(plan.split_offset.size() * 4);
-  work.Upload(plan.work.data(), plan.work.size() * 4);
-  offs.Upload(plan.split_offset.data(), plan.split_offset.size() * 4);
-  DeviceBuffer op(sc::MlaPartialFloats(plan.total_splits, kHeads) * 4 + 4),
-      ml(static_cast<size_t>(plan.total_splits) * kHeads * 8 + 4),
-      out(static_cast<size_t>(batch) * kHeads * 512 * 4), lse(static_cast<size_t>(batch) * kHeads * 4);
-  sc::MlaDecodeParams p;
-  p.q_abs = dqa.as<void>();
-  p.q_pe = dqp.as<void>();
-  p.q_is_bf16 = true;
-  p.batch = batch;
-  p.heads = kHeads;
-  p.softmax_scale = 1.0f / std::sqrt(192.0f);
-  p.page_table = d.table.as<int>();
-  p.page_table_stride = kv.stride;
-  p.seq_lens = d.lens.as<int>();
-  p.indices = idx.empty() ? nullptr : didx.as<int>();
-  p.index_stride = topk;
-  p.work = work.as<int>();
-  p.num_work = plan.num_work;
-  p.split_offset = offs.as<int>();
-  p.o_partial = op.as<float>();
-  p.ml_partial = ml.as<float>();
-  p.out = out.as<float>();
-  p.lse = lse.as<float>();
-  const double us = TimeUs([&](int rep) {
-    p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
-    STRATA_CUDA_OK(sc::LaunchMlaDecode(p, nullptr));
-  });
+  DeviceBuffer out(static_cast<size_t>(batch) * kHeads * 512 * 4), lse(static_cast<size_t>(batch) * kHeads * 4);
   double rows = 0;
   for (int b = 0; b < batch; ++b) rows += topk > 0 ? std::min<int64_t>(topk, lens[b]) : lens[b];
   const double bytes = rows * (sc::kRowDim + 8) + batch * kHeads * (576.0 * 2 + 512 * 4 + 4);
   const double flops = rows * kHeads * (576.0 + 512.0) * 2;
-  char label[160];
-  std::snprintf(label, sizeof label, "%s (%d splits)", name.c_str(), plan.total_splits);
-  Report(c, label, us, bytes, flops);
+  for (size_t v = 0; v < min_tiles.size(); ++v) {
+    sc::MlaSplitPolicy pol;
+    pol.num_sms = g_sms;
+    if (topk > 0) {
+      pol.sparse_min_tiles_per_split = min_tiles[v];
+    } else {
+      pol.min_tiles_per_split = min_tiles[v];
+    }
+    const sc::MlaDecodePlan plan = sc::PlanMlaDecode(plan_lens.data(), batch, kHeads, pol, topk > 0);
+    DeviceBuffer work(plan.work.size() * 4), offs(plan.split_offset.size() * 4);
+    work.Upload(plan.work.data(), plan.work.size() * 4);
+    offs.Upload(plan.split_offset.data(), plan.split_offset.size() * 4);
+    DeviceBuffer op(sc::MlaPartialFloats(plan.total_splits, kHeads) * 4 + 4),
+        ml(static_cast<size_t>(plan.total_splits) * kHeads * 8 + 4);
+    sc::MlaDecodeParams p;
+    p.q_abs = dqa.as<void>();
+    p.q_pe = dqp.as<void>();
+    p.q_is_bf16 = true;
+    p.batch = batch;
+    p.heads = kHeads;
+    p.softmax_scale = 1.0f / std::sqrt(192.0f);
+    p.page_table = d.table.as<int>();
+    p.page_table_stride = kv.stride;
+    p.seq_lens = d.lens.as<int>();
+    p.indices = idx.empty() ? nullptr : didx.as<int>();
+    p.index_stride = topk;
+    p.work = work.as<int>();
+    p.num_work = plan.num_work;
+    p.split_offset = offs.as<int>();
+    p.o_partial = op.as<float>();
+    p.ml_partial = ml.as<float>();
+    p.out = out.as<float>();
+    p.lse = lse.as<float>();
+    const double us = TimeUs([&](int rep) {
+      p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
+      STRATA_CUDA_OK(sc::LaunchMlaDecode(p, nullptr));
+    });
+    char label[200];
+    std::snprintf(label, sizeof label, "%s%s (%d splits)", name.c_str(), labels[v].c_str(), plan.total_splits);
+    Report(c, label, us, bytes, flops);
+  }
 }
 
 void BenchIndexer(const Ceilings& c, int64_t t, int k) {
+  if (!Selected("indexer top-k")) return;
   const int heads = 64;
   const uint64_t seed = strata::cuda::testing::FreshSeed();
   const ref::PagedKv keys = ref::MakeRandomIndexKeys({t}, seed, 16);
@@ -202,7 +216,12 @@ void BenchIndexer(const Ceilings& c, int64_t t, int k) {
   p.max_seq_len = t;
   p.scores = scores.as<float>();
   p.score_stride = t;
+  DeviceBuffer ws(sc::TopkWorkspaceBytes(1, t));
+  STRATA_CUDA_OK(cudaMemset(ws.as<void>(), 0, ws.bytes()));
   sc::TopkParams tp{scores.as<float>(), t, d.lens.as<int>(), 1, k, idx.as<int>()};
+  tp.workspace = ws.as<void>();
+  sc::TopkParams tp1 = tp;  // the single-block kernel
+  tp1.workspace = nullptr;
   const double key_bytes = t * (sc::kIndexDim + 4.0);
   const double flops = static_cast<double>(t) * heads * sc::kIndexDim * 2;
   const double us_score = TimeUs([&](int rep) {
@@ -210,6 +229,8 @@ void BenchIndexer(const Ceilings& c, int64_t t, int k) {
     STRATA_CUDA_OK(sc::LaunchDsaIndexer(p, nullptr));
   });
   Report(c, "indexer scores T=128k", us_score, key_bytes + t * 4.0, flops);
+  const double us_topk1 = TimeUs([&](int) { STRATA_CUDA_OK(sc::LaunchTopk(tp1, nullptr)); });
+  Report(c, "top-2048 of 128k scores, 1 block", us_topk1, t * 4.0 + k * 4.0, 0);
   const double us_topk = TimeUs([&](int) { STRATA_CUDA_OK(sc::LaunchTopk(tp, nullptr)); });
   Report(c, "top-2048 of 128k scores", us_topk, t * 4.0 + k * 4.0, 0);
   const double us_both = TimeUs([&](int rep) {
@@ -229,6 +250,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("--matrix_tflops=", 0) == 0) matrix_tflops = std::atof(a.c_str() + 16);
     if (a == "--quick") quick = true;
+    if (a.rfind("--case=", 0) == 0) g_case = a.substr(7);
   }
   if (!strata::cuda::testing::HaveDevice()) {
     std::printf("no CUDA device\n");
@@ -243,17 +265,18 @@ int main(int argc, char** argv) {
   const int64_t K = 1024;
   for (int64_t t : {32 * K, 128 * K, 512 * K, 1024 * K}) {
     if (quick && t > 128 * K) break;
-    BenchDecode(c, "dense B=1 T=" + std::to_string(t / K) + "k", {t}, 0, 8);
+    BenchDecode(c, "dense B=1 T=" + std::to_string(t / K) + "k", {t}, 0, {8}, {""});
   }
-  BenchDecode(c, "dense B=64 T=8k", std::vector<int64_t>(64, 8 * K), 0, 8);
-  BenchDecode(c, "dense B=64 T=8k min32tiles", std::vector<int64_t>(64, 8 * K), 0, 32);
+  BenchDecode(c, "dense B=64 T=8k", std::vector<int64_t>(64, 8 * K), 0, {8, 32}, {"", " min32tiles"});
   {
     std::vector<int64_t> mixed;
     for (int i = 0; i < 64; ++i) mixed.push_back(512 * (1 + (i * 37) % 64));
-    BenchDecode(c, "dense B=64 mixed 0.5k-32k", mixed, 0, 8);
+    BenchDecode(c, "dense B=64 mixed 0.5k-32k", mixed, 0, {8}, {""});
   }
-  BenchDecode(c, "sparse k=2048 B=1 T=128k", {128 * K}, 2048, 8);
-  BenchDecode(c, "sparse k=2048 B=64 T=8k", std::vector<int64_t>(64, 8 * K), 2048, 8);
+  const std::vector<int> sparse_tiles = {1, 2, 8};
+  const std::vector<std::string> sparse_labels = {" 1 tile/split", " 2 tiles/split", " 8 tiles/split"};
+  BenchDecode(c, "sparse k=2048 B=1 T=128k", {128 * K}, 2048, sparse_tiles, sparse_labels);
+  BenchDecode(c, "sparse k=2048 B=64 T=8k", std::vector<int64_t>(64, 8 * K), 2048, sparse_tiles, sparse_labels);
   BenchIndexer(c, 128 * K, 2048);
 
   std::printf("\n| case | us | TB/s | TFLOP/s | floor us | x floor |\n|---|---|---|---|---|---|\n");

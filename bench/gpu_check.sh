@@ -10,7 +10,12 @@
 #                              build-cuda/gpu-bin; logs go to $OUT (default out/)
 #
 # The run prints a short table last; full logs, the SASS summary and the
-# measured ceilings are under $OUT.
+# measured ceilings are under $OUT (eight files at most). Options of the run:
+#   PREV_BIN=dir   a previous build's gpu-bin: its benchmark runs too (--quick),
+#                  for a comparison on the same card in the same run
+#   NCU=1          one profiler pass (Nsight Compute, clocks left alone) of the
+#                  decode kernels at B=1 T=128k
+#   SANITIZE=0     skips compute-sanitizer
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
@@ -22,8 +27,10 @@ if [ "$MODE" = build ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON ${CMAKE_ARGS:-} || exit 1
   ninja -C "$BUILD" -j"${JOBS:-2}" $TESTS strata_attention_bench || exit 1
   mkdir -p "$BIN"
-  for t in $TESTS; do cp "$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)" "$BIN/"; done
-  cp "$(find "$BUILD" -name strata_attention_bench -type f | head -1)" "$BIN/"
+  # (the staging folders are skipped: a stale staged copy must not win)
+  for t in $TESTS strata_attention_bench; do
+    cp "$(find "$BUILD" -path "$BUILD/gpu-bin*" -prune -o -name "$t" -type f -perm -u+x -print | head -1)" "$BIN/" || exit 1
+  done
   # The CUDA runtime the binaries were linked against, in case the GPU machine lacks it.
   cp -L "$(ldd "$BIN/strata_attention_bench" | awk '/libcudart/ {print $3}')" "$BIN/" 2>/dev/null || true
   ls -la "$BIN"
@@ -34,9 +41,10 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 { date -u; nvidia-smi; nvidia-smi -q -d CLOCK | head -40; } > "$OUT/env.txt" 2>&1
+START=$(date +%s)
 
 # Matrix ceiling: a large bf16 GEMM (cuBLAS through PyTorch), random data.
-PEAK=$(timeout 120 python3 - <<'PY' 2>>"$OUT/matrix.log"
+PEAK=$(timeout 120 python3 - <<'PY' 2>>"$OUT/env.txt"
 import torch
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -52,33 +60,60 @@ print(f"{2 * n**3 / (ts[len(ts)//2] * 1e-3) / 1e12:.0f}")
 PY
 )
 [ -n "$PEAK" ] || PEAK=989
-echo "bf16 matrix peak (median of 10 8192^3 GEMMs): $PEAK TFLOP/s" | tee "$OUT/ceilings.txt"
+echo "bf16 matrix peak (median of 10 8192^3 GEMMs): $PEAK TFLOP/s" | tee -a "$OUT/env.txt"
 
 fails=0
 for t in $TESTS; do
   echo "=== $t" | tee -a "$OUT/tests.log"
-  timeout 200 "$BIN/$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |worst|Failure|error|Expected|Which is|seed" | head -40
+  timeout 150 "$BIN/$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |worst|Failure|error|Expected|Which is|seed" | head -40
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || { echo "!!! $t exited $rc"; fails=$((fails + 1)); }
 done
 
-# Disassembly: per kernel, tensor-core, 16-byte and local-memory instructions.
+# Disassembly: per kernel, tensor-core, 16-byte, local-memory and barrier
+# instructions; the resource report (registers, shared memory, stack).
 if command -v cuobjdump > /dev/null; then
-  cuobjdump --dump-sass "$BIN/strata_attention_bench" > "$OUT/sass.txt" 2>&1
-  awk '/Function :/ {f=$3} f && /^ +\/\*[0-9a-f]+\*\// {
-         for (o in ops) if (index($0, o)) n[f, o]++ }
-       BEGIN { split("HMMA HGMMA QGMMA LDG.E.128 LDGSTS LDSM STS.128 LDS.128 LDL STL", a, " "); for (i in a) ops[a[i]] = 1 }
-       END { for (k in n) { split(k, p, SUBSEP); printf "%-8s %6d  %s\n", p[2], n[k], p[1] } }' \
-    "$OUT/sass.txt" | sort -k3 > "$OUT/sass_summary.txt"
+  cuobjdump --dump-sass "$BIN/strata_attention_bench" 2>&1 |
+    awk '/Function :/ {keep = index($0, "strata") > 0} keep' > "$OUT/sass.txt"
+  {
+    awk '/Function :/ {f=$3} f && /^ +\/\*[0-9a-f]+\*\// {
+           for (o in ops) if (index($0, o)) n[f, o]++ }
+         BEGIN { split("HMMA HGMMA QGMMA LDG.E.128 LDGSTS LDSM STS.128 LDS.128 LDL STL BAR.SYNC", a, " "); for (i in a) ops[a[i]] = 1 }
+         END { for (k in n) { split(k, p, SUBSEP); printf "%-8s %6d  %s\n", p[2], n[k], p[1] } }' \
+      "$OUT/sass.txt" | sort -k3
+    echo "--- resource usage"
+    cuobjdump --dump-resource-usage "$BIN/strata_attention_bench" 2>&1 | grep -A1 "strata" | grep -v "^--"
+  } > "$OUT/sass_summary.txt"
   cat "$OUT/sass_summary.txt"
 fi
 
-timeout 240 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+timeout 180 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+# The previous build's benchmark on the same card (quick: up to T = 128k).
+if [ -n "${PREV_BIN:-}" ] && [ -x "$PREV_BIN/strata_attention_bench" ]; then
+  LD_LIBRARY_PATH="$PREV_BIN:$LD_LIBRARY_PATH" timeout 90 "$PREV_BIN/strata_attention_bench" \
+    --matrix_tflops="$PEAK" --quick > "$OUT/bench_prev.log" 2>&1
+  echo "previous build's benchmark rc=$?"
+fi
 # Out-of-bounds and race check of the small cases (slow under the tool).
 if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer > /dev/null; then
-  timeout 90 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/mla_decode_cuda_test" \
-    --gtest_filter='*MixedBatchesOfThree*:*Sparse*' > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+  {
+    timeout 90 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/mla_decode_cuda_test" \
+      --gtest_filter='*MixedBatchesOfThree*:*Sparse*'
+    echo "mla memcheck rc=$?"
+    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/dsa_indexer_cuda_test" \
+      --gtest_filter='*IndexerScoresAndSelection*'
+    echo "dsa memcheck rc=$?"
+  } > "$OUT/memcheck.log" 2>&1
+  grep -E "ERROR SUMMARY|memcheck rc" "$OUT/memcheck.log"
 fi
-echo "tests failed: $fails"
+# One profiler pass over the split and merge kernels (clocks as found).
+if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
+  timeout 75 ncu --clock-control none -k regex:MlaDecode -c 2 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy "$BIN/strata_attention_bench" --case="dense B=1 T=128k" > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$? ($(grep -c "MlaDecode" "$OUT/ncu.txt") kernel lines)"
+fi
+echo "tests failed: $fails; run took $(( $(date +%s) - START )) s"
+if [ -f "$OUT/bench_prev.log" ]; then echo "previous build:"; grep "^|" "$OUT/bench_prev.log"; fi
+echo "this build:"
 grep "^|" "$OUT/bench.log"

@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/device_util.cuh"
@@ -23,15 +24,51 @@ constexpr int kIdxTokensPerBlock = kIdxWarps * 16;
 constexpr int kIdxMaxHeads = 64;
 constexpr int kIdxQStride = kIndexDim + 16;  // 288-byte rows: 8-byte fragment loads conflict-free
 
-__global__ void __launch_bounds__(kIdxThreads) DsaIndexerKernel(const DsaIndexerParams p) {
+// Raw key bytes and scale of rows g and g + 8 of one 16-token tile, as loaded
+// (NaN codes and unusable scales are cleared at use, so that the loads of the
+// next tile stay in flight while this one is scored).
+struct IdxTile {
+  uint4 lo[2], hi[2];
+  float scale[2];
+};
+
+__device__ __forceinline__ void LoadIdxTile(const DsaIndexerParams& p, int b, int64_t seq,
+                                            int64_t t0, int g, int q, IdxTile& k) {
+  if (t0 >= seq) return;
+  // The 16 tokens of a tile share one page (tiles are 16-aligned).
+  const int page = p.page_table[b * p.page_table_stride + t0 / 64];
+  const uint8_t* base = p.pool + static_cast<size_t>(page) * kIndexPageBytes;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = t0 + g + 8 * r;
+    if (t < seq) {
+      const int slot = static_cast<int>(t & 63);
+      const uint4* src = reinterpret_cast<const uint4*>(base + slot * kIndexDim + q * 32);
+      k.lo[r] = src[0];
+      k.hi[r] = src[1];
+      k.scale[r] = reinterpret_cast<const float*>(base + kIndexPageScaleOffset)[slot];
+    }
+  }
+}
+
+// Persistent warps: warp w of block x scores the 16-token tiles
+// x * 8 + w + i * (gridDim.x * 8), loading tile i + 1 while it scores tile i.
+__global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const DsaIndexerParams p) {
   __shared__ __align__(16) __nv_bfloat16 q_s[kIdxMaxHeads][kIdxQStride];
   __shared__ float w_s[kIdxMaxHeads];
   const int b = blockIdx.y;
   const int64_t seq = p.seq_lens[b];
-  const int64_t t_block = static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock;
-  if (t_block >= seq) return;
+  if (static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock >= seq) return;  // the whole block
   const int tid = threadIdx.x;
   const int heads = p.index_heads;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kIdxTokensPerBlock;
+  int64_t t0 = static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock + warp * 16;
+
+  IdxTile cur;
+  cur.lo[0] = cur.lo[1] = cur.hi[0] = cur.hi[1] = make_uint4(0, 0, 0, 0);
+  cur.scale[0] = cur.scale[1] = 0.0f;
+  LoadIdxTile(p, b, seq, t0, g, q, cur);  // in flight while the queries are staged
 
   for (int c = tid; c < kIdxMaxHeads * (kIndexDim / 4); c += kIdxThreads) {
     const int h = c / (kIndexDim / 4), c4 = c % (kIndexDim / 4);
@@ -50,68 +87,62 @@ __global__ void __launch_bounds__(kIdxThreads) DsaIndexerKernel(const DsaIndexer
   if (tid < kIdxMaxHeads) w_s[tid] = tid < heads ? p.weights[static_cast<int64_t>(b) * heads + tid] : 0.0f;
   __syncthreads();
 
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-  const int64_t t0 = t_block + warp * 16;
-  if (t0 >= seq) return;
-
-  uint32_t words[2][8];
-  float kscale[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t t = t0 + g + 8 * r;
-    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-    kscale[r] = 0.0f;
-    if (t < seq) {
-      const int page = p.page_table[b * p.page_table_stride + t / 64];
-      const uint8_t* base = p.pool + static_cast<size_t>(page) * kIndexPageBytes;
-      const int slot = static_cast<int>(t & 63);
-      const uint4* src = reinterpret_cast<const uint4*>(base + slot * kIndexDim + q * 32);
-      lo = src[0];
-      hi = src[1];
-      kscale[r] = dev::UsableScale(reinterpret_cast<const float*>(base + kIndexPageScaleOffset)[slot]);
-    }
-    words[r][0] = dev::ClearNanCodes(lo.x);
-    words[r][1] = dev::ClearNanCodes(lo.y);
-    words[r][2] = dev::ClearNanCodes(lo.z);
-    words[r][3] = dev::ClearNanCodes(lo.w);
-    words[r][4] = dev::ClearNanCodes(hi.x);
-    words[r][5] = dev::ClearNanCodes(hi.y);
-    words[r][6] = dev::ClearNanCodes(hi.z);
-    words[r][7] = dev::ClearNanCodes(hi.w);
-  }
-
   const int n_tiles = heads / 8;
-  float acc[8][4] = {};
+  for (; t0 < seq; t0 += step) {
+    IdxTile nxt;
+    nxt.lo[0] = nxt.lo[1] = nxt.hi[0] = nxt.hi[1] = make_uint4(0, 0, 0, 0);
+    nxt.scale[0] = nxt.scale[1] = 0.0f;
+    LoadIdxTile(p, b, seq, t0 + step, g, q, nxt);
+
+    uint32_t words[2][8];
+    float kscale[2];
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    uint32_t a[4];
-    a[0] = dev::E4m3x2ToBf16x2(words[0][ks]);
-    a[1] = dev::E4m3x2ToBf16x2(words[1][ks]);
-    a[2] = dev::E4m3x2ToBf16x2(words[0][ks] >> 16);
-    a[3] = dev::E4m3x2ToBf16x2(words[1][ks] >> 16);
+    for (int r = 0; r < 2; ++r) {
+      const bool in = t0 + g + 8 * r < seq;
+      kscale[r] = in ? dev::UsableScale(cur.scale[r]) : 0.0f;
+      words[r][0] = dev::ClearNanCodes(cur.lo[r].x);
+      words[r][1] = dev::ClearNanCodes(cur.lo[r].y);
+      words[r][2] = dev::ClearNanCodes(cur.lo[r].z);
+      words[r][3] = dev::ClearNanCodes(cur.lo[r].w);
+      words[r][4] = dev::ClearNanCodes(cur.hi[r].x);
+      words[r][5] = dev::ClearNanCodes(cur.hi[r].y);
+      words[r][6] = dev::ClearNanCodes(cur.hi[r].z);
+      words[r][7] = dev::ClearNanCodes(cur.hi[r].w);
+    }
+
+    float acc[8][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a[4];
+      a[0] = dev::E4m3x2ToBf16x2(words[0][ks]);
+      a[1] = dev::E4m3x2ToBf16x2(words[1][ks]);
+      a[2] = dev::E4m3x2ToBf16x2(words[0][ks] >> 16);
+      a[3] = dev::E4m3x2ToBf16x2(words[1][ks] >> 16);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt < n_tiles) {
+          const uint2 bq = *reinterpret_cast<const uint2*>(&q_s[nt * 8 + g][ks * 16 + q * 4]);
+          dev::MmaBf16(acc[nt], a, bq.x, bq.y);
+        }
+      }
+    }
+    float sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       if (nt < n_tiles) {
-        const uint2 bq = *reinterpret_cast<const uint2*>(&q_s[nt * 8 + g][ks * 16 + q * 4]);
-        dev::MmaBf16(acc[nt], a, bq.x, bq.y);
+        const float w0 = w_s[nt * 8 + 2 * q], w1 = w_s[nt * 8 + 2 * q + 1];
+        sum[0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][1], 0.0f);
+        sum[1] += w0 * fmaxf(acc[nt][2], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
       }
     }
-  }
-  float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    if (nt < n_tiles) {
-      const float w0 = w_s[nt * 8 + 2 * q], w1 = w_s[nt * 8 + 2 * q + 1];
-      sum[0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][1], 0.0f);
-      sum[1] += w0 * fmaxf(acc[nt][2], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      const int64_t t = t0 + g + 8 * r;
+      if (q == 0 && t < seq) p.scores[b * p.score_stride + t] = kscale[r] * sum[r];
     }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-    const int64_t t = t0 + g + 8 * r;
-    if (q == 0 && t < seq) p.scores[b * p.score_stride + t] = kscale[r] * sum[r];
+    cur = nxt;
   }
 }
 
@@ -215,14 +246,307 @@ __global__ void __launch_bounds__(kTopkThreads) TopkKernel(const TopkParams p) {
   }
 }
 
+// ---- multi-block top-k ---------------------------------------------------------
+// Three launches over chunks of 2048 scores, one block each (grid: chunks x
+// batch), for requests with seq_len > k:
+//   1. TopkHist: histogram of the top 11 key bits, added into the request's
+//      global histogram.
+//   2. TopkCollect: every block finds the bin of the k-th largest key from the
+//      global histogram, counts its keys above that bin and appends the keys in
+//      it (the candidates) to a list. The last block to finish (a ticket)
+//      selects the exact threshold key among the candidates (11 + 10 more bits),
+//      counts per chunk the keys taken (all above the threshold, and the first
+//      `rem` equal ones in position order), turns the counts into each chunk's
+//      output offset, and clears the histogram and counters for the next launch.
+//   3. TopkWrite: every block writes its chunk's selected positions, in order,
+//      at its offset.
+constexpr int kTkThreads = 256;
+constexpr int kTkPerThread = kTopkChunk / kTkThreads;
+static_assert(kTkPerThread == 8, "8 scores per thread");
+using TkScan = cub::BlockScan<int, kTkThreads>;
+
+struct TopkWs {
+  int* hist;        // [kTopkBins] zero between launches
+  int* ticket;      // zero between launches
+  int* n_cand;      // zero between launches
+  int* thr_rem;     // [2] threshold key, equal keys to take
+  int* gt;          // [chunks] keys above the first-level bin
+  int* cgt;         // [chunks] candidates above the threshold
+  int* ceq;         // [chunks] candidates equal to the threshold
+  int* sel_before;  // [chunks] output offset of the chunk
+  int* eq_before;   // [chunks] equal keys in earlier chunks
+  uint32_t* cand_key;  // [score_stride]
+  int* cand_pos;       // [score_stride]
+};
+
+__device__ __forceinline__ TopkWs WsFor(const TopkParams& p, int b) {
+  const int64_t chunks = TopkChunks(p.score_stride);
+  int* front = static_cast<int*>(p.workspace) + static_cast<int64_t>(b) * kTopkFrontInts;
+  int* rest = static_cast<int*>(p.workspace) + static_cast<int64_t>(p.batch) * kTopkFrontInts +
+              static_cast<int64_t>(b) * (5 * chunks + 2 * p.score_stride);
+  TopkWs w;
+  w.hist = front;
+  w.ticket = front + kTopkBins;
+  w.n_cand = front + kTopkBins + 1;
+  w.thr_rem = front + kTopkBins + 2;
+  w.gt = rest;
+  w.cgt = rest + chunks;
+  w.ceq = rest + 2 * chunks;
+  w.sel_before = rest + 3 * chunks;
+  w.eq_before = rest + 4 * chunks;
+  w.cand_key = reinterpret_cast<uint32_t*>(rest + 5 * chunks);
+  w.cand_pos = rest + 5 * chunks + p.score_stride;
+  return w;
+}
+
+// Over `nb` bins (a multiple of kTkThreads, at most 8 per thread) read in
+// descending order, finds the bin where the running count first reaches
+// `need` (1 <= need <= total count). Every thread gets {bin, count above it}.
+template <bool kFromGlobal>
+__device__ __forceinline__ int2 FindBin(const int* h, int nb, int need,
+                                        typename TkScan::TempStorage& tmp, int2& s_out) {
+  const int per = nb / kTkThreads;
+  const int hi = nb - 1 - per * static_cast<int>(threadIdx.x);
+  int c[8];
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    c[j] = j < per ? (kFromGlobal ? __ldcg(h + hi - j) : h[hi - j]) : 0;
+    sum += c[j];
+  }
+  int above;
+  TkScan(tmp).ExclusiveSum(sum, above);
+  if (above < need && above + sum >= need) {
+    int run = above;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < per && run < need && run + c[j] >= need) s_out = make_int2(hi - j, run);
+      run += c[j];
+    }
+  }
+  __syncthreads();
+  const int2 r = s_out;
+  __syncthreads();
+  return r;
+}
+
+__global__ void __launch_bounds__(kTkThreads) TopkHistKernel(const TopkParams p) {
+  __shared__ int hist[kTopkBins];
+  const int b = blockIdx.y, tid = threadIdx.x;
+  const int64_t seq = p.seq_lens[b];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
+  if (seq <= p.k || c0 >= seq) return;
+  for (int i = tid; i < kTopkBins; i += kTkThreads) hist[i] = 0;
+  __syncthreads();
+  const float* sc = p.scores + b * p.score_stride + c0;
+  const int n = static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk);
+  float v[kTkPerThread];
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    v[j] = i < n ? sc[i] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j)
+    if (tid + j * kTkThreads < n) atomicAdd(&hist[DevTopkKey(v[j]) >> 21], 1);
+  __syncthreads();
+  int* gh = WsFor(p, b).hist;
+  for (int i = tid; i < kTopkBins; i += kTkThreads) {
+    const int cnt = hist[i];
+    if (cnt != 0) atomicAdd(&gh[i], cnt);
+  }
+}
+
+__global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams p) {
+  __shared__ typename TkScan::TempStorage scan_tmp;
+  __shared__ int hist[kTopkBins];
+  __shared__ int2 s_find;
+  __shared__ int s_base, s_last;
+  const int b = blockIdx.y, tid = threadIdx.x, chunk = blockIdx.x;
+  const int64_t seq = p.seq_lens[b];
+  const int64_t c0 = static_cast<int64_t>(chunk) * kTopkChunk;
+  if (seq <= p.k || c0 >= seq) return;
+  const int64_t n_chunks = (seq + kTopkChunk - 1) / kTopkChunk;
+  const TopkWs ws = WsFor(p, b);
+
+  // The first-level bin of the k-th largest key, and how many of its keys to take.
+  const int2 f1 = FindBin<true>(ws.hist, kTopkBins, p.k, scan_tmp, s_find);
+  const uint32_t bin1 = static_cast<uint32_t>(f1.x);
+  const int rem1 = p.k - f1.y;
+
+  const float* sc = p.scores + b * p.score_stride + c0;
+  const int n = static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk);
+  uint32_t key[kTkPerThread];
+  int n_gt = 0, n_c = 0;
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    key[j] = i < n ? DevTopkKey(sc[i]) : 0u;
+    n_gt += (i < n && (key[j] >> 21) > bin1) ? 1 : 0;
+    n_c += (i < n && (key[j] >> 21) == bin1) ? 1 : 0;
+  }
+  int c_ex, c_tot, g_ex, g_tot;
+  TkScan(scan_tmp).ExclusiveSum(n_c, c_ex, c_tot);
+  __syncthreads();
+  TkScan(scan_tmp).ExclusiveSum(n_gt, g_ex, g_tot);
+  if (tid == 0) {
+    s_base = c_tot > 0 ? atomicAdd(ws.n_cand, c_tot) : 0;
+    ws.gt[chunk] = g_tot;
+    ws.cgt[chunk] = 0;
+    ws.ceq[chunk] = 0;
+  }
+  __syncthreads();
+  int at = s_base + c_ex;
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    if (i < n && (key[j] >> 21) == bin1) {
+      ws.cand_key[at] = key[j];
+      ws.cand_pos[at] = static_cast<int>(c0 + i);
+      ++at;
+    }
+  }
+
+  // The last block of the request resolves the threshold.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(ws.ticket, 1) == n_chunks - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+
+  const int n_cand = __ldcg(ws.n_cand);
+  uint32_t prefix = bin1 << 21, mask = 0xFFE00000u;
+  int rem = rem1;
+  constexpr int kShift[2] = {10, 0};
+  constexpr int kBins[2] = {2048, 1024};
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int shift = kShift[pass], nb = kBins[pass];
+    for (int i = tid; i < nb; i += kTkThreads) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_cand; i += kTkThreads) {
+      const uint32_t k = __ldcg(ws.cand_key + i);
+      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1);
+    }
+    __syncthreads();
+    const int2 f = FindBin<false>(hist, nb, rem, scan_tmp, s_find);
+    prefix |= static_cast<uint32_t>(f.x) << shift;
+    mask |= static_cast<uint32_t>(nb - 1) << shift;
+    rem -= f.y;
+  }
+  const uint32_t thr = prefix;
+
+  for (int i = tid; i < n_cand; i += kTkThreads) {
+    const uint32_t k = __ldcg(ws.cand_key + i);
+    if (k >= thr) {
+      const int c = __ldcg(ws.cand_pos + i) / kTopkChunk;
+      atomicAdd(k > thr ? ws.cgt + c : ws.ceq + c, 1);
+    }
+  }
+  __syncthreads();
+
+  // Chunk offsets: chunk c takes its keys above the threshold and the equal
+  // ones whose rank among all equal keys (in position order) is below rem.
+  int carry_eq = 0, carry_sel = 0;
+  for (int64_t base = 0; base < n_chunks; base += kTkThreads) {
+    const int64_t c = base + tid;
+    const bool in = c < n_chunks;
+    const int gtc = in ? __ldcg(ws.gt + c) + __ldcg(ws.cgt + c) : 0;
+    const int eqc = in ? __ldcg(ws.ceq + c) : 0;
+    int e_ex, e_tot, s_ex, s_tot;
+    TkScan(scan_tmp).ExclusiveSum(eqc, e_ex, e_tot);
+    __syncthreads();
+    const int eq_before = carry_eq + e_ex;
+    const int take = min(max(rem - eq_before, 0), eqc);
+    TkScan(scan_tmp).ExclusiveSum(gtc + take, s_ex, s_tot);
+    __syncthreads();
+    if (in) {
+      ws.sel_before[c] = carry_sel + s_ex;
+      ws.eq_before[c] = eq_before;
+    }
+    carry_eq += e_tot;
+    carry_sel += s_tot;
+  }
+  if (tid == 0) {
+    ws.thr_rem[0] = static_cast<int>(thr);
+    ws.thr_rem[1] = rem;
+    *ws.ticket = 0;
+    *ws.n_cand = 0;
+  }
+  for (int i = tid; i < kTopkBins; i += kTkThreads) ws.hist[i] = 0;
+}
+
+__global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p) {
+  __shared__ typename TkScan::TempStorage scan_tmp;
+  __shared__ uint32_t s_key[kTopkChunk + kTopkChunk / 32];  // padded: conflict-free row reads
+  const int b = blockIdx.y, tid = threadIdx.x, chunk = blockIdx.x;
+  const int64_t seq = p.seq_lens[b];
+  int* out = p.indices + static_cast<int64_t>(b) * p.k;
+  if (seq <= p.k) {
+    if (chunk == 0)
+      for (int i = tid; i < p.k; i += kTkThreads) out[i] = i < seq ? i : -1;
+    return;
+  }
+  const int64_t c0 = static_cast<int64_t>(chunk) * kTopkChunk;
+  if (c0 >= seq) return;
+  const TopkWs ws = WsFor(p, b);
+  const uint32_t thr = static_cast<uint32_t>(ws.thr_rem[0]);
+  const int rem = ws.thr_rem[1];
+  const int sel_before = ws.sel_before[chunk], eq_before = ws.eq_before[chunk];
+  const float* sc = p.scores + b * p.score_stride + c0;
+  const int n = static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk);
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    s_key[i + (i >> 5)] = i < n ? DevTopkKey(sc[i]) : 0u;
+  }
+  __syncthreads();
+  // Thread t owns positions 8t .. 8t + 7 of the chunk.
+  uint32_t key[kTkPerThread];
+  int n_eq = 0;
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid * kTkPerThread + j;
+    key[j] = s_key[i + (i >> 5)];
+    n_eq += (i < n && key[j] == thr) ? 1 : 0;
+  }
+  int eq_ex;
+  TkScan(scan_tmp).ExclusiveSum(n_eq, eq_ex);
+  __syncthreads();
+  int eq_rank = eq_before + eq_ex, n_sel = 0;
+  bool sel[kTkPerThread];
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid * kTkPerThread + j;
+    const bool eq = i < n && key[j] == thr;
+    sel[j] = i < n && (key[j] > thr || (eq && eq_rank < rem));
+    eq_rank += eq ? 1 : 0;
+    n_sel += sel[j] ? 1 : 0;
+  }
+  int sel_ex;
+  TkScan(scan_tmp).ExclusiveSum(n_sel, sel_ex);
+  int at = sel_before + sel_ex;
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j)
+    if (sel[j]) out[at++] = static_cast<int>(c0 + tid * kTkPerThread + j);
+}
+
 }  // namespace
 
 cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.max_seq_len <= 0) return cudaSuccess;
   if (p.index_heads <= 0 || p.index_heads > kIdxMaxHeads || p.index_heads % 8 != 0)
     return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((p.max_seq_len + kIdxTokensPerBlock - 1) / kIdxTokensPerBlock),
-                  p.batch);
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  // Two resident blocks per SM over the whole batch; each warp then loops over
+  // its tiles with the next one's loads in flight.
+  const int64_t blocks = (p.max_seq_len + kIdxTokensPerBlock - 1) / kIdxTokensPerBlock;
+  const int64_t cap = std::max<int64_t>(1, (2 * static_cast<int64_t>(sms) + p.batch - 1) / p.batch);
+  const dim3 grid(static_cast<unsigned>(std::min(blocks, cap)), p.batch);
   DsaIndexerKernel<<<grid, kIdxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -230,7 +554,20 @@ cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream) {
 cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream) {
   if (p.batch <= 0) return cudaSuccess;
   if (p.k <= 0 || p.k > 65535) return cudaErrorInvalidValue;
-  TopkKernel<<<p.batch, kTopkThreads, 0, stream>>>(p);
+  if (p.workspace == nullptr) {
+    TopkKernel<<<p.batch, kTopkThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  const int64_t chunks = std::max<int64_t>(1, TopkChunks(p.score_stride));
+  if (chunks > 0x7FFFFFFF || p.batch > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(chunks), p.batch);
+  TopkHistKernel<<<grid, kTkThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  TopkCollectKernel<<<grid, kTkThreads, 0, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  TopkWriteKernel<<<grid, kTkThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -52,16 +52,39 @@ struct DsaIndexerParams {
 cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream);
 
 struct TopkParams {
-  const float* scores;       // [batch][score_stride]
+  const float* scores;       // [batch][score_stride]; seq_lens[b] <= score_stride
   int64_t score_stride = 0;
   const int* seq_lens;       // [batch]
   int batch = 0;
   int k = 0;                 // 1 .. 65535
   int* indices;              // [batch][k] selected positions, increasing, -1 padded
+  // Scratch of TopkWorkspaceBytes(batch, score_stride) bytes, set to zero once
+  // (cudaMemset) before its first use; every launch leaves the part that must
+  // be zero at zero again, so later launches on the same stream with the same
+  // batch and score_stride reuse it as is (after a launch with another shape,
+  // zero it again). Null: the single-block kernel.
+  void* workspace = nullptr;
 };
 
-// One block per request: a three-pass radix select (11 + 11 + 10 bits) of the
-// threshold, then one ordered pass that writes the selection.
+inline constexpr int kTopkChunk = 2048;             // scores per block (multi-block path)
+inline constexpr int kTopkBins = 2048;              // first-level histogram (11 bits)
+inline constexpr int kTopkFrontInts = kTopkBins + 8;  // per request: histogram, counters
+
+constexpr int64_t TopkChunks(int64_t score_stride) {
+  return (score_stride + kTopkChunk - 1) / kTopkChunk;
+}
+
+inline size_t TopkWorkspaceBytes(int batch, int64_t score_stride) {
+  const int64_t per = kTopkFrontInts + 5 * TopkChunks(score_stride) + 2 * score_stride;
+  return static_cast<size_t>(batch) * static_cast<size_t>(per) * sizeof(int);
+}
+
+// With a workspace: three launches over chunks of 2048 scores (a histogram of
+// the top 11 key bits across all chunks, candidates of the threshold bin and
+// an exact select among them, then each chunk writes its positions at its
+// offset). Without: one block per request, a three-pass radix select (11 + 11 +
+// 10 bits) of the threshold, then one ordered pass that writes the selection.
+// Both give the same result.
 cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream);
 
 // The order top-k uses: larger key = preferred. Equal floats give equal keys;

@@ -24,20 +24,30 @@ class DsaTest : public ::testing::Test {
     seed_ = testing::FreshSeed();
   }
 
-  // Runs top-k on the device over host scores; returns [batch][k].
+  // Runs top-k on the device over host scores; returns [batch][k]. Runs the
+  // single-block kernel and the multi-block one (twice on one workspace, which
+  // must be left ready for reuse) and expects the same selection from all three.
   std::vector<int> DeviceTopk(const std::vector<float>& scores, int64_t stride,
                               const std::vector<int>& lens, int k) {
     const int batch = static_cast<int>(lens.size());
     DeviceBuffer ds(scores.size() * 4), dl(batch * 4), di(static_cast<size_t>(batch) * k * 4);
+    DeviceBuffer ws(TopkWorkspaceBytes(batch, stride));
     ds.Upload(scores.data(), scores.size() * 4);
     dl.Upload(lens.data(), batch * 4);
-    di.Poison(0x7E);
-    TopkParams p{ds.as<float>(), stride, dl.as<int>(), batch, k, di.as<int>()};
-    STRATA_CUDA_OK(LaunchTopk(p, nullptr));
-    STRATA_CUDA_OK(cudaDeviceSynchronize());
-    std::vector<int> out(static_cast<size_t>(batch) * k);
-    di.Download(out.data(), out.size() * 4);
-    return out;
+    STRATA_CUDA_OK(cudaMemset(ws.as<void>(), 0, ws.bytes()));
+    std::vector<int> runs[3];
+    for (int run = 0; run < 3; ++run) {
+      di.Poison(0x7E);
+      TopkParams p{ds.as<float>(), stride, dl.as<int>(), batch, k, di.as<int>()};
+      p.workspace = run == 0 ? nullptr : ws.as<void>();
+      STRATA_CUDA_OK(LaunchTopk(p, nullptr));
+      STRATA_CUDA_OK(cudaDeviceSynchronize());
+      runs[run].resize(static_cast<size_t>(batch) * k);
+      di.Download(runs[run].data(), runs[run].size() * 4);
+    }
+    EXPECT_TRUE(runs[1] == runs[0]) << "multi-block top-k differs from the single-block kernel, k " << k;
+    EXPECT_TRUE(runs[2] == runs[1]) << "multi-block top-k differs on a reused workspace, k " << k;
+    return runs[1];
   }
 
   uint64_t seed_ = 0;

@@ -36,6 +36,11 @@ struct Smem {
   float c_scale[kTileRows];                       // usable scale, 0 for masked rows
   float r_scale[kTileRows];
   int valid[kTileRows];
+  // Row maps of the next tiles, a ring of two indexed by tile & 1: the pool page
+  // of each row (-1 when masked) and its slot. Filled two tiles ahead, so the
+  // page-table (and index) loads are off the critical path of the tile loop.
+  int row_page[2][kTileRows];
+  int row_slot[2][kTileRows];
 };
 static_assert(sizeof(Smem) <= 227 * 1024, "fits one block per SM");
 
@@ -52,43 +57,41 @@ __device__ __forceinline__ int64_t RowPage(const MlaDecodeParams& p, int b, int6
   return p.page_table[b * p.page_table_stride + (pos / kPageTokens)];
 }
 
-// Issues the cp.async copies of tile `tile` of request `b` into the raw buffers.
-__device__ __forceinline__ void LoadTile(const MlaDecodeParams& p, Smem& sm, int b, int64_t tile) {
+// Issues the cp.async copies of tile `tile` into the raw buffers, with the
+// row map of that tile already in the ring.
+__device__ __forceinline__ void LoadTile(const MlaDecodeParams& p, Smem& sm, int64_t tile) {
   const int tid = threadIdx.x;
-  const int64_t e0 = tile * kTileRows;
+  const int* const row_page = sm.row_page[tile & 1];
+  const int* const row_slot = sm.row_slot[tile & 1];
 #pragma unroll
   for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {  // latent: 64 rows x 32 chunks
     const int c = tid + i * kThreads;
     const int row = c >> 5, part = c & 31;
-    int slot = 0;
-    const int64_t page = RowPage(p, b, e0 + row, slot);
+    const int page = row_page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageLatentOffset + slot * kLatentDim + part * 16
+                                         kPageLatentOffset + row_slot[row] * kLatentDim + part * 16
                                    : p.pool;
     dev::CpAsync16(&sm.raw_latent[row][part * 16], src, page >= 0);
   }
   if (tid < kTileRows * 4) {  // rope: 64 rows x 4 chunks
     const int row = tid >> 2, part = tid & 3;
-    int slot = 0;
-    const int64_t page = RowPage(p, b, e0 + row, slot);
+    const int page = row_page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageRopeOffset + slot * kRopeDim + part * 16
+                                         kPageRopeOffset + row_slot[row] * kRopeDim + part * 16
                                    : p.pool;
     dev::CpAsync16(&sm.raw_rope[row][part * 16], src, page >= 0);
   } else if (tid < kTileRows * 5) {  // scales: 64 rows x 8 bytes
     const int row = tid - kTileRows * 4;
-    int slot = 0;
-    const int64_t page = RowPage(p, b, e0 + row, slot);
+    const int page = row_page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageScaleOffset + slot * 8
+                                         kPageScaleOffset + row_slot[row] * 8
                                    : p.pool;
     dev::CpAsync8(&sm.raw_scale[row][0], src, page >= 0);
   }
 }
 
 // Widens the raw tile to bf16 and publishes the per-row scales and validity.
-__device__ __forceinline__ void ConvertTile(const MlaDecodeParams& p, Smem& sm, int b,
-                                            int64_t tile) {
+__device__ __forceinline__ void ConvertTile(Smem& sm, int64_t tile) {
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {
@@ -111,8 +114,7 @@ __device__ __forceinline__ void ConvertTile(const MlaDecodeParams& p, Smem& sm, 
     dst[1] = hi;
   } else if (tid < kTileRows * 5) {
     const int row = tid - kTileRows * 4;
-    int slot = 0;
-    const bool valid = RowPage(p, b, tile * kTileRows + row, slot) >= 0;
+    const bool valid = sm.row_page[tile & 1][row] >= 0;
     sm.valid[row] = valid ? 1 : 0;
     sm.c_scale[row] = valid ? dev::UsableScale(sm.raw_scale[row][0]) : 0.0f;
     sm.r_scale[row] = valid ? dev::UsableScale(sm.raw_scale[row][1]) : 0.0f;
@@ -159,7 +161,22 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
   const int g = lane >> 2, q = lane & 3;
   const float scale_log2 = p.softmax_scale * kLog2e;
 
-  if (tile_begin < tile_end) LoadTile(p, sm, b, tile_begin);
+  // Row maps of the first two tiles (later ones are fetched two tiles ahead).
+  const bool mapper = threadIdx.x < kTileRows;
+  if (mapper) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t t = tile_begin + j;
+      if (t < tile_end) {
+        int slot = 0;
+        const int64_t page = RowPage(p, b, t * kTileRows + threadIdx.x, slot);
+        sm.row_page[t & 1][threadIdx.x] = static_cast<int>(page);
+        sm.row_slot[t & 1][threadIdx.x] = slot;
+      }
+    }
+  }
+  __syncthreads();
+  if (tile_begin < tile_end) LoadTile(p, sm, tile_begin);
   dev::CpAsyncCommit();
   LoadQueries(p, sm, b, h0);
 
@@ -172,10 +189,24 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     dev::CpAsyncWaitAll();
     __syncthreads();  // raw tile landed; every warp is done with the previous tile
-    ConvertTile(p, sm, b, tile);
-    __syncthreads();  // bf16 tile ready; raw buffers free
-    if (tile + 1 < tile_end) LoadTile(p, sm, b, tile + 1);
+    ConvertTile(sm, tile);
+    __syncthreads();  // bf16 tile ready; raw buffers and this tile's row map free
+    if (tile + 1 < tile_end) LoadTile(p, sm, tile + 1);
     dev::CpAsyncCommit();
+
+    // Row map of tile + 2, first half: the position (sparse: an index load) and,
+    // for dense, the page-table load. Consumed after P.V, so the loads overlap
+    // this tile's math.
+    int pf_pos = -1, pf_page = -1;
+    if (mapper && tile + 2 < tile_end) {
+      const int64_t e = (tile + 2) * kTileRows + threadIdx.x;
+      if (p.indices != nullptr) {
+        pf_pos = e < p.index_stride ? p.indices[b * p.index_stride + e] : -1;
+      } else if (e < p.seq_lens[b]) {
+        pf_pos = static_cast<int>(e);
+        pf_page = p.page_table[b * p.page_table_stride + e / kPageTokens];
+      }
+    }
 
     // ---- S = Q K^T for 16 heads x 16 tokens (this warp's quarter) ---------
     float acc_c[2][4] = {}, acc_r[2][4] = {};
@@ -275,6 +306,19 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
         dev::MmaBf16(o[2 * np + 1], pa, bb[2], bb[3]);
       }
     }
+
+    // Row map of tile + 2, second half (the slot of `tile`, whose readers all
+    // passed the barrier after the conversion; LoadTile(tile + 2) reads it after
+    // the next iteration's first barrier).
+    if (mapper && tile + 2 < tile_end) {
+      if (p.indices != nullptr) {
+        pf_page = pf_pos >= 0 && pf_pos < p.seq_lens[b]
+                      ? p.page_table[b * p.page_table_stride + pf_pos / kPageTokens]
+                      : -1;
+      }
+      sm.row_page[tile & 1][threadIdx.x] = pf_page;
+      sm.row_slot[tile & 1][threadIdx.x] = pf_pos & (kPageTokens - 1);
+    }
   }
 
   // ---- epilogue ------------------------------------------------------------
@@ -312,55 +356,111 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
   }
 }
 
-// One block per (request, head); 128 threads x 4 dims. Splits merged in order.
-__global__ void __launch_bounds__(128) MlaDecodeMergeKernel(const MlaDecodeParams p) {
+// One block per (request, head): four groups of 128 threads, each thread 4
+// dims. Group g accumulates splits g, g + 4, ... (four loads in flight per
+// thread), then the groups are added in a fixed order, so the bits depend on
+// the request's splits only.
+constexpr int kMergeGroups = 4;
+constexpr int kMergeThreads = kMergeGroups * kLatentDim / 4;
+
+__global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaDecodeParams p) {
+  __shared__ float s_red[kMergeThreads / 32];
+  __shared__ float4 s_acc[kMergeGroups - 1][kLatentDim / 4];
+  __shared__ float s_l[kMergeGroups];
   const int b = blockIdx.x, h = blockIdx.y;
   const int first = p.split_offset[b], n = p.split_offset[b + 1] - first;
   if (n <= 1) return;  // written by the split kernel
+  const int tid = threadIdx.x, grp = tid / (kLatentDim / 4), col = tid % (kLatentDim / 4);
+  const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + h) * 2;
+  const int64_t ml_step = static_cast<int64_t>(p.heads) * 2;
+
+  // The largest running max over the splits (fmaxf: exact, order-free).
   float m = -INFINITY;
-  for (int s = 0; s < n; ++s) m = fmaxf(m, p.ml_partial[(static_cast<int64_t>(first + s) * p.heads + h) * 2]);
+  for (int s = tid; s < n; s += kMergeThreads) m = fmaxf(m, ml[s * ml_step]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if ((tid & 31) == 0) s_red[tid >> 5] = m;
+  __syncthreads();
+  m = s_red[0];
+#pragma unroll
+  for (int i = 1; i < kMergeThreads / 32; ++i) m = fmaxf(m, s_red[i]);
+
+  // Group sums; an empty split (sum 0) or an all-empty request weighs 0.
   float l = 0.0f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (m != -INFINITY) {
-    for (int s = 0; s < n; ++s) {
-      const int64_t row = static_cast<int64_t>(first + s) * p.heads + h;
-      const float2 ml = *reinterpret_cast<const float2*>(p.ml_partial + row * 2);
-      if (ml.y == 0.0f) continue;  // an empty split
-      const float wgt = exp2f(ml.x - m);
-      l += wgt * ml.y;
-      const float4 v = reinterpret_cast<const float4*>(p.o_partial + row * kLatentDim)[threadIdx.x];
-      acc.x += wgt * v.x;
-      acc.y += wgt * v.y;
-      acc.z += wgt * v.z;
-      acc.w += wgt * v.w;
+  const float4* o = reinterpret_cast<const float4*>(
+      p.o_partial + (static_cast<int64_t>(first) * p.heads + h) * kLatentDim) + col;
+  const int64_t o_step = static_cast<int64_t>(p.heads) * (kLatentDim / 4);
+  constexpr int kUnroll = 4;
+  for (int s0 = grp; s0 < n; s0 += kMergeGroups * kUnroll) {
+    float wgt[kUnroll], ls[kUnroll];
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int s = s0 + u * kMergeGroups;
+      wgt[u] = 0.0f;
+      ls[u] = 0.0f;
+      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s < n) {
+        const float2 mls = *reinterpret_cast<const float2*>(ml + s * ml_step);
+        v[u] = o[s * o_step];  // every split's partial is written, empty ones as zeros
+        if (mls.y > 0.0f && m != -INFINITY) {
+          wgt[u] = exp2f(mls.x - m);
+          ls[u] = mls.y;
+        }
+      }
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      l += wgt[u] * ls[u];
+      acc.x += wgt[u] * v[u].x;
+      acc.y += wgt[u] * v[u].y;
+      acc.z += wgt[u] * v[u].z;
+      acc.w += wgt[u] * v[u].w;
+    }
+  }
+  if (grp > 0) {
+    s_acc[grp - 1][col] = acc;
+    if (col == 0) s_l[grp] = l;
+  }
+  __syncthreads();
+  if (grp != 0) return;
+#pragma unroll
+  for (int g = 1; g < kMergeGroups; ++g) {
+    const float4 a = s_acc[g - 1][col];
+    acc.x += a.x;
+    acc.y += a.y;
+    acc.z += a.z;
+    acc.w += a.w;
+    l += s_l[g];
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   const int64_t orow = static_cast<int64_t>(b) * p.heads + h;
-  reinterpret_cast<float4*>(p.out + orow * kLatentDim)[threadIdx.x] =
+  reinterpret_cast<float4*>(p.out + orow * kLatentDim)[col] =
       make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  if (threadIdx.x == 0) p.lse[orow] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+  if (col == 0) p.lse[orow] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
 }
 
 }  // namespace
 
-int MlaSplitCount(int64_t length, int heads, const MlaSplitPolicy& policy) {
+int MlaSplitCount(int64_t length, int heads, const MlaSplitPolicy& policy, bool sparse) {
   const int64_t tiles = (length + kTileRows - 1) / kTileRows;
   if (tiles <= 0) return 1;
   const int groups = (heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const int64_t target = std::max(1, policy.num_sms / std::max(1, groups));
+  const int min_tiles = sparse ? policy.sparse_min_tiles_per_split : policy.min_tiles_per_split;
   const int64_t per_split =
-      std::max<int64_t>(std::max(1, policy.min_tiles_per_split), (tiles + target - 1) / target);
+      std::max<int64_t>(std::max(1, min_tiles), (tiles + target - 1) / target);
   return static_cast<int>((tiles + per_split - 1) / per_split);
 }
 
 MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
-                            const MlaSplitPolicy& policy) {
+                            const MlaSplitPolicy& policy, bool sparse) {
   MlaDecodePlan plan;
   plan.split_offset.assign(batch + 1, 0);
   for (int b = 0; b < batch; ++b) {
     const int64_t tiles = (std::max<int64_t>(lengths[b], 0) + kTileRows - 1) / kTileRows;
-    const int splits = MlaSplitCount(lengths[b], heads, policy);
+    const int splits = MlaSplitCount(lengths[b], heads, policy, sparse);
     const int64_t per = (tiles + splits - 1) / splits;
     for (int s = 0; s < splits; ++s) {
       const int64_t begin = std::min<int64_t>(tiles, s * per);
@@ -387,7 +487,7 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   MlaDecodeSplitKernel<<<grid, kThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  MlaDecodeMergeKernel<<<dim3(p.batch, p.heads), 128, 0, stream>>>(p);
+  MlaDecodeMergeKernel<<<dim3(p.batch, p.heads), kMergeThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

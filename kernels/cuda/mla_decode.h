@@ -66,12 +66,18 @@ struct MlaDecodeParams {
 // request gets the same splits whatever else is in its batch.
 struct MlaSplitPolicy {
   int num_sms = 132;             // the device's multiprocessor count
-  int min_tiles_per_split = 8;   // a tile is 64 tokens (or 64 index entries)
+  int min_tiles_per_split = 8;   // dense; a tile is 64 tokens
+  // Sparse (a tile is 64 index entries). A DSA selection of k = 2048 is only
+  // 32 tiles: small splits spread one request over more SMs (B = 1 latency),
+  // at the price of a block prologue and 256 KB of f32 partials per split at
+  // large batch. On the H200 (bench/RESULTS.md): 1 is fastest at B = 1, 8 at
+  // B = 64, and 2 is within 1.3x and 1.5x of both.
+  int sparse_min_tiles_per_split = 2;
 };
 
 // Number of splits for a request of `length` tokens (dense) or index entries
 // (sparse) with `heads` heads.
-int MlaSplitCount(int64_t length, int heads, const MlaSplitPolicy& policy);
+int MlaSplitCount(int64_t length, int heads, const MlaSplitPolicy& policy, bool sparse = false);
 
 // The work list of one launch, built on the host from host-side lengths.
 struct MlaDecodePlan {
@@ -81,9 +87,9 @@ struct MlaDecodePlan {
   int total_splits = 0;
 };
 
-// lengths[b]: seq_lens[b] for dense, index_stride for sparse.
+// lengths[b]: seq_lens[b] for dense, index_stride for sparse (sparse = true).
 MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
-                            const MlaSplitPolicy& policy);
+                            const MlaSplitPolicy& policy, bool sparse = false);
 
 // Workspace floats needed for o_partial and ml_partial.
 inline int64_t MlaPartialFloats(int total_splits, int heads) {

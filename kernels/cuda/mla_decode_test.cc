@@ -84,7 +84,7 @@ class MlaDecodeTest : public ::testing::Test {
     if (!in.indices.empty()) idx.Upload(in.indices.data(), in.indices.size() * 4);
     std::vector<int64_t> plan_lens(batch);
     for (int b = 0; b < batch; ++b) plan_lens[b] = in.indices.empty() ? in.lens[b] : in.index_stride;
-    const MlaDecodePlan plan = PlanMlaDecode(plan_lens.data(), batch, in.heads, policy_);
+    const MlaDecodePlan plan = PlanMlaDecode(plan_lens.data(), batch, in.heads, policy_, !in.indices.empty());
     DeviceBuffer work(plan.work.size() * 4), offs(plan.split_offset.size() * 4);
     work.Upload(plan.work.data(), plan.work.size() * 4);
     offs.Upload(plan.split_offset.data(), plan.split_offset.size() * 4);
@@ -263,7 +263,11 @@ TEST_F(MlaDecodeTest, SparseSelectionsIncludingMaskedEntries) {
     }
     in.indices.insert(in.indices.end(), sel.begin(), sel.end());
   }
-  RunAndCheck(in, 8);
+  for (int tiles_per_split : {1, 2, 8}) {  // 32, 16 and 4 splits of k = 2048
+    SCOPED_TRACE(::testing::Message() << "sparse tiles per split " << tiles_per_split);
+    policy_.sparse_min_tiles_per_split = tiles_per_split;
+    RunAndCheck(in, 8);
+  }
 }
 
 TEST_F(MlaDecodeTest, BatchInvariantAndDeterministic) {
@@ -307,6 +311,11 @@ TEST(MlaSplitPolicyTest, SplitsDependOnLengthOnly) {
   EXPECT_EQ(MlaSplitCount(64 * 8, 128, pol), 1);
   EXPECT_EQ(MlaSplitCount(64 * 8 + 1, 128, pol), 2);
   EXPECT_LE(MlaSplitCount(int64_t{1} << 20, 128, pol), 66);
+  pol.sparse_min_tiles_per_split = 1;
+  EXPECT_EQ(MlaSplitCount(2048, 128, pol, /*sparse=*/true), 32);
+  pol.sparse_min_tiles_per_split = 2;
+  EXPECT_EQ(MlaSplitCount(2048, 128, pol, /*sparse=*/true), 16);
+  EXPECT_EQ(MlaSplitCount(2048, 128, pol), 4);  // dense: 8 tiles minimum
   const int64_t lens[] = {5, 4097, 131072};
   const MlaDecodePlan a = PlanMlaDecode(lens, 3, 128, pol);
   const MlaDecodePlan b = PlanMlaDecode(lens + 2, 1, 128, pol);
