@@ -228,6 +228,7 @@ int Generate(const std::vector<std::string>& args) {
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
+    std::fflush(stdout);
     std::fprintf(stderr, "[%zu tokens, finish_reason=%s]\n", generated.size(), finish.c_str());
   }
   return finish == "abort" ? 130 : 0;
