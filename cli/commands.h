@@ -12,6 +12,12 @@ int Score(const std::vector<std::string>& args);
 int Generate(const std::vector<std::string>& args);
 int Kv(const std::vector<std::string>& args);
 // `strata generate --server ADDR`: the gRPC client (cli/client.cc).
+int GenerateRemote(const std::vector<std::string>& args);
+int Up(const std::vector<std::string>& args);
+int Plan(const std::vector<std::string>& args);
+int Session(const std::vector<std::string>& args);
+// `strata bench serve` (cli/bench.cc).
+int Bench(const std::vector<std::string>& args);
 
 }  // namespace strata::cli
 

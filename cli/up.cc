@@ -1,0 +1,270 @@
+// `strata up`: a whole local cluster on loopback — one strata-kvstore, one
+// strata-coordinator and N strata-worker processes (docs/service.md,
+// "strata up"). Prints `ready ADDRESS` once the coordinator reports the
+// Generation service SERVING, and stops every child cleanly on SIGINT or
+// SIGTERM.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "common/flags.h"
+#include "coordinator/health_client.h"
+#include "grpcpp/grpcpp.h"
+
+namespace strata::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kHelp = R"(usage: strata up [--workers N] [--model DIR] [flags]
+
+Starts strata-kvstore, strata-coordinator and N strata-worker processes on
+127.0.0.1, waits until the cluster is ready and prints `ready ADDRESS`.
+Ctrl-C (or SIGTERM) stops them all. Sessions persist in --kv-dir, so a
+cluster started again on the same directory resumes them.
+flags:
+)";
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+};
+
+std::vector<Child> g_children;
+
+int Fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "strata up: %s\n", msg.c_str());
+  return code;
+}
+
+// Starts `argv`; its stdout goes to `out_fd` (-1: inherited).
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (out_fd >= 0) dup2(out_fd, 1);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::fprintf(stderr, "strata up: cannot run %s\n", args[0]);
+  _exit(127);
+}
+
+void StopAll() {
+  for (auto it = g_children.rbegin(); it != g_children.rend(); ++it) {
+    if (it->pid > 0) kill(it->pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto& c : g_children) {
+    while (c.pid > 0) {
+      int status = 0;
+      pid_t r = waitpid(c.pid, &status, WNOHANG);
+      if (r == c.pid || r < 0) {
+        c.pid = -1;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &status, 0);
+        c.pid = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+std::string FindBinary(const std::string& bin_dir, const std::string& name, const std::string& sub) {
+  std::vector<fs::path> candidates;
+  if (!bin_dir.empty()) candidates.push_back(fs::path(bin_dir) / name);
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(self.parent_path() / name);
+    candidates.push_back(self.parent_path().parent_path() / sub / name);
+  }
+  for (const auto& c : candidates) {
+    if (fs::exists(c)) return c.string();
+  }
+  return "";
+}
+
+// Reads the first line of a pipe ("listening ADDRESS"), waiting at most `timeout`.
+std::string ReadListenLine(int fd, std::chrono::seconds timeout) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  while (std::chrono::steady_clock::now() < deadline) {
+    char c;
+    ssize_t n = read(fd, &c, 1);
+    if (n == 1) {
+      if (c == '\n') break;
+      line.push_back(c);
+    } else if (n == 0) {
+      break;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  constexpr std::string_view kPrefix = "listening ";
+  return line.rfind(kPrefix, 0) == 0 ? line.substr(kPrefix.size()) : "";
+}
+
+}  // namespace
+
+int Up(const std::vector<std::string>& args) {
+  FlagSet flags;
+  flags.Declare("workers", "number of strata-worker processes (default 2)");
+  flags.Declare("model", "model directory (default models/demo)");
+  flags.Declare("port", "coordinator port (default 50051; 0 picks a free one)");
+  flags.Declare("kv-dir",
+                "directory of the session files; a cluster started again on it resumes its sessions "
+                "(default ./strata-sessions)");
+  flags.Declare("no-kvstore", "run without a KV store (sessions are not persisted)", true);
+  flags.Declare("kv-dtype", "KV cache dtype: fp8 (default) or f32");
+  flags.Declare("worker-threads", "engine threads per worker (default 1)");
+  flags.Declare("placement", "manual placement, e.g. 0-1:w0,2-3:w1");
+  flags.Declare("max-running", "sequences generating at once (default 64)");
+  flags.Declare("bin-dir", "directory holding strata-coordinator, strata-worker, strata-kvstore");
+  flags.Declare("ready-timeout", "seconds to wait for readiness (default 120)");
+  flags.Declare("help", "show this help", true);
+  if (auto st = flags.Parse(args); !st.ok()) return Fail(std::string(st.message()), 2);
+  if (flags.Has("help")) {
+    std::printf("%s%s", kHelp, flags.Help().c_str());
+    return 0;
+  }
+  auto workers = flags.GetInt("workers", 2), port = flags.GetInt("port", 50051),
+       threads = flags.GetInt("worker-threads", 1), ready_timeout = flags.GetInt("ready-timeout", 120),
+       max_running = flags.GetInt("max-running", 64);
+  for (const auto* v : {&workers, &port, &threads, &ready_timeout, &max_running}) {
+    if (!v->ok()) return Fail(std::string(v->status().message()), 2);
+  }
+  if (*workers < 1 || *workers > 64) return Fail("--workers must be in [1, 64]", 2);
+  if (*port < 0 || *port > 65535) return Fail("--port must be in [0, 65535]", 2);
+  const std::string model = flags.Get("model", "models/demo");
+  if (!fs::exists(fs::path(model) / "config.json")) {
+    return Fail(absl::StrCat(model, "/config.json not found: give --model DIR"), 2);
+  }
+  const std::string bin_dir = flags.Get("bin-dir");
+  const std::string coord_bin = FindBinary(bin_dir, "strata-coordinator", "coordinator");
+  const std::string worker_bin = FindBinary(bin_dir, "strata-worker", "worker");
+  const std::string kv_bin = FindBinary(bin_dir, "strata-kvstore", "kvstore");
+  if (coord_bin.empty() || worker_bin.empty()) {
+    return Fail("cannot find strata-coordinator and strata-worker next to strata; give --bin-dir", 2);
+  }
+  const bool use_kv = !flags.Has("no-kvstore");
+  if (use_kv && kv_bin.empty()) return Fail("cannot find strata-kvstore; give --bin-dir or --no-kvstore", 2);
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  std::string kv_address;
+  if (use_kv) {
+    const std::string dir = flags.Get("kv-dir", "strata-sessions");
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const std::string port_file = (fs::path(dir) / ".kvstore.port").string();
+    fs::remove(port_file, ec);
+    pid_t pid = Spawn({kv_bin, "--dir=" + dir, "--listen=127.0.0.1:0", "--port_file=" + port_file}, -1);
+    g_children.push_back({"strata-kvstore", pid});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream f(port_file);
+      std::string p;
+      if (f >> p && !p.empty()) {
+        kv_address = "127.0.0.1:" + p;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (kv_address.empty()) {
+      StopAll();
+      return Fail("strata-kvstore did not start (see its messages above)");
+    }
+  }
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return Fail("pipe failed");
+  std::vector<std::string> cargs = {coord_bin, "--model", model, "--listen", absl::StrCat("127.0.0.1:", *port),
+                                    "--workers", absl::StrCat(*workers), "--max-running", absl::StrCat(*max_running)};
+  if (!kv_address.empty()) cargs.insert(cargs.end(), {"--kvstore", kv_address});
+  if (flags.Has("kv-dtype")) cargs.insert(cargs.end(), {"--kv-dtype", flags.Get("kv-dtype")});
+  if (flags.Has("placement")) cargs.insert(cargs.end(), {"--placement", flags.Get("placement")});
+  pid_t cpid = Spawn(cargs, pipe_fds[1]);
+  close(pipe_fds[1]);
+  g_children.push_back({"strata-coordinator", cpid});
+  const std::string address = ReadListenLine(pipe_fds[0], std::chrono::seconds(30));
+  if (address.empty()) {
+    StopAll();
+    return Fail("strata-coordinator did not start (see its messages above)");
+  }
+  for (int i = 0; i < *workers; ++i) {
+    const std::string name = absl::StrCat("w", i);
+    pid_t pid = Spawn({worker_bin, "--coordinator", address, "--name", name, "--threads", absl::StrCat(*threads)},
+                      open("/dev/null", O_WRONLY));
+    g_children.push_back({"strata-worker " + name, pid});
+  }
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(*ready_timeout);
+  bool ready = false;
+  while (!ready && std::chrono::steady_clock::now() < deadline) {
+    auto h = coordinator::CheckHealth(channel, "strata.v1.Generation", absl::Seconds(1));
+    ready = h.ok() && *h;
+    if (!ready) {
+      timespec ts{0, 100 * 1000 * 1000};
+      siginfo_t info;
+      int sig = sigtimedwait(&set, &info, &ts);
+      if (sig == SIGINT || sig == SIGTERM) {
+        StopAll();
+        return 130;
+      }
+    }
+  }
+  if (!ready) {
+    StopAll();
+    return Fail(absl::StrCat("the cluster at ", address, " did not become ready within ", *ready_timeout, " s"));
+  }
+  std::printf("ready %s\n", address.c_str());
+  std::fflush(stdout);
+  for (;;) {
+    siginfo_t info;
+    int sig = sigwaitinfo(&set, &info);
+    if (sig == SIGINT || sig == SIGTERM) break;
+    if (sig == SIGCHLD) {
+      int status;
+      pid_t pid;
+      while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (auto& c : g_children) {
+          if (c.pid == pid) {
+            std::fprintf(stderr, "strata up: %s (pid %d) exited (%s %d)\n", c.name.c_str(), pid,
+                         WIFSIGNALED(status) ? "signal" : "status",
+                         WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+            c.pid = -1;
+          }
+        }
+      }
+    }
+  }
+  std::fprintf(stderr, "strata up: stopping\n");
+  StopAll();
+  return 0;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,329 @@
+#include "coordinator/cluster.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "worker/stage_wire.h"
+
+namespace strata::coordinator {
+namespace {
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
+  return v1::Worker::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), worker::InternalChannelArgs()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(ClusterOptions options) {
+  ASSIGN_OR_RETURN(ModelLayout layout, ReadModelLayout(options.model_dir, options.kv_dtype));
+  if (options.workers < 1) return absl::InvalidArgumentError("the cluster needs at least one worker");
+  return std::unique_ptr<Cluster>(new Cluster(std::move(options), std::move(layout)));
+}
+
+Cluster::Cluster(ClusterOptions options, ModelLayout layout)
+    : options_(std::move(options)), layout_(std::move(layout)) {}
+
+Cluster::~Cluster() { Stop(); }
+
+void Cluster::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::unique_ptr<worker::StageLink> link;
+  {
+    std::lock_guard<std::mutex> l(link_mu_);
+    link = std::move(link_);
+  }
+  link.reset();  // joins the reader
+}
+
+void Cluster::Start(Scheduler* scheduler, std::function<void(bool)> on_ready) {
+  scheduler_ = scheduler;
+  on_ready_ = std::move(on_ready);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
+  std::lock_guard<std::mutex> l(mu_);
+  WorkerInfo w;
+  w.id = absl::StrCat("worker-", next_worker_++);
+  w.name = req.name().empty() ? req.address() : req.name();
+  w.address = req.address();
+  for (const auto& d : req.devices()) w.free_bytes += static_cast<uint64_t>(std::max<int64_t>(0, d.free_bytes()));
+  w.last_heartbeat = absl::Now();
+  // A worker that registers again at the same address replaces its old entry.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second.address == w.address) {
+      it->second.alive = false;
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::fprintf(stderr, "strata-coordinator: %s registered (%s at %s)\n", w.id.c_str(), w.name.c_str(),
+               w.address.c_str());
+  workers_[w.id] = w;
+  v1::RegisterResponse resp;
+  resp.set_worker_id(w.id);
+  resp.set_heartbeat_interval_ms(static_cast<int>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  cv_.notify_all();
+  return resp;
+}
+
+v1::HeartbeatResponse Cluster::Heartbeat(const v1::HeartbeatRequest& req) {
+  std::lock_guard<std::mutex> l(mu_);
+  v1::HeartbeatResponse resp;
+  auto it = workers_.find(req.worker_id());
+  if (it == workers_.end() || !it->second.alive) {
+    resp.set_known(false);
+    return resp;
+  }
+  it->second.last_heartbeat = absl::Now();
+  resp.set_known(true);
+  return resp;
+}
+
+absl::Status Cluster::Send(const v1::StageBatch& batch) {
+  std::lock_guard<std::mutex> l(link_mu_);
+  if (!link_) return absl::UnavailableError("the pipeline is down");
+  return link_->Send(batch, nullptr, worker::kDefaultMaxChunkBytes);
+}
+
+bool Cluster::ready() {
+  std::lock_guard<std::mutex> l(mu_);
+  return placed_;
+}
+
+int64_t Cluster::epoch() {
+  std::lock_guard<std::mutex> l(mu_);
+  return epoch_;
+}
+
+std::vector<Cluster::StageView> Cluster::stages() {
+  std::lock_guard<std::mutex> l(mu_);
+  return placed_ ? stages_ : std::vector<StageView>{};
+}
+
+std::pair<int64_t, std::vector<Cluster::StageView>> Cluster::placement() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!placed_) return {epoch_, {}};
+  return {epoch_, stages_};
+}
+
+std::vector<WorkerInfo> Cluster::workers() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<WorkerInfo> out;
+  for (const auto& [id, w] : workers_) out.push_back(w);
+  return out;
+}
+
+void Cluster::PipelineDown(int64_t epoch, const absl::Status& status) {
+  std::unique_ptr<worker::StageLink> dead;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (epoch != epoch_ || !placed_) return;
+    placed_ = false;
+    cv_.notify_all();
+  }
+  std::fprintf(stderr, "strata-coordinator: pipeline of epoch %lld down: %s\n", static_cast<long long>(epoch),
+               std::string(status.message()).c_str());
+  if (on_ready_) on_ready_(false);
+  scheduler_->OnPipelineDown(status);
+  // The link is destroyed by the control thread (this may run on its reader).
+}
+
+absl::Status Cluster::PlaceAndAssign() {
+  std::vector<WorkerInfo> alive;
+  int64_t epoch;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [id, w] : workers_) {
+      if (w.alive) alive.push_back(w);
+    }
+    const int need = options_.min_workers > 0 ? options_.min_workers : options_.workers;
+    const int cuts = static_cast<int>(std::count(layout_.can_cut_before.begin(), layout_.can_cut_before.end(), true));
+    if (static_cast<int>(alive.size()) < std::min(need, cuts)) {
+      return absl::UnavailableError(absl::StrCat(alive.size(), " of ", need, " workers alive"));
+    }
+    epoch = ++epoch_;
+  }
+  std::sort(alive.begin(), alive.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
+    return a.name != b.name ? a.name < b.name : a.address < b.address;
+  });
+  if (static_cast<int>(alive.size()) > options_.workers) alive.resize(options_.workers);
+  std::vector<WorkerSlot> slots;
+  for (const auto& w : alive) slots.push_back({w.name, w.free_bytes});
+  absl::StatusOr<Plan> plan = options_.placement_override.empty()
+                                  ? PlanBalanced(layout_, slots, options_.placement)
+                                  : PlanOverride(layout_, slots, options_.placement, options_.placement_override);
+  if (!plan.ok()) return plan.status();
+  const int S = static_cast<int>(plan->stages.size());
+  std::vector<std::future<std::pair<int, grpc::Status>>> calls;
+  for (int s = 0; s < S; ++s) {
+    const StageAssignment& a = plan->stages[s];
+    v1::AssignLayersRequest req;
+    req.set_epoch(epoch);
+    req.set_model_dir(options_.model_dir);
+    req.set_layer_begin(a.layer_begin);
+    req.set_layer_end(a.layer_end);
+    req.set_stage(s);
+    req.set_num_stages(S);
+    if (s + 1 < S) req.set_next_address(alive[plan->stages[s + 1].worker].address);
+    req.set_kv_dtype(options_.kv_dtype == KvDtype::kF32 ? v1::KV_DTYPE_F32 : v1::KV_DTYPE_FP8);
+    req.set_kvstore_address(options_.kvstore_address);
+    req.set_model_fingerprint(options_.model_fingerprint);
+    req.set_threads(options_.worker_threads);
+    const std::string address = alive[a.worker].address;
+    calls.push_back(std::async(std::launch::async, [req, address, s] {
+      auto stub = WorkerStub(address);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(absl::Seconds(300)));
+      v1::AssignLayersResponse resp;
+      return std::make_pair(s, stub->AssignLayers(&ctx, req, &resp));
+    }));
+  }
+  absl::Status failure;
+  for (auto& f : calls) {
+    auto [s, st] = f.get();
+    if (st.ok()) continue;
+    const WorkerInfo& w = alive[plan->stages[s].worker];
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = workers_.find(w.id);
+      if (it != workers_.end()) it->second.alive = false;
+    }
+    failure = absl::UnavailableError(absl::StrCat("AssignLayers to stage ", s, " (", w.name, " at ", w.address,
+                                                  ") failed: ", st.error_message()));
+  }
+  if (!failure.ok()) return failure;
+  auto link = worker::StageLink::Open(
+      alive[plan->stages[0].worker].address, absl::StrCat("stage 0 (", alive[plan->stages[0].worker].name, ")"),
+      absl::Seconds(3), [this, epoch](v1::StageResult&& r) {
+        if (r.code() == static_cast<int>(absl::StatusCode::kUnavailable)) {
+          // A stage lost its successor: the whole pipeline must be re-formed.
+          const std::string msg = absl::StrCat("stage ", r.failed_stage(), " is unavailable: ", r.error());
+          scheduler_->OnResult(std::move(r));
+          PipelineDown(epoch, absl::UnavailableError(msg));
+          return;
+        }
+        scheduler_->OnResult(std::move(r));
+      },
+      [this, epoch](const absl::Status& st) { PipelineDown(epoch, st); });
+  if (!link.ok()) return link.status();
+  {
+    std::lock_guard<std::mutex> l(link_mu_);
+    link_ = std::move(*link);
+  }
+  std::string desc = DescribePlan(*plan, slots);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (epoch != epoch_) return absl::AbortedError("re-placed meanwhile");
+    stages_.clear();
+    stage_ids_.clear();
+    for (const auto& a : plan->stages) {
+      stages_.push_back({alive[a.worker].name, alive[a.worker].address, a.layer_begin, a.layer_end});
+      stage_ids_.push_back(alive[a.worker].id);
+    }
+    placed_ = true;
+  }
+  std::fprintf(stderr, "strata-coordinator: epoch %lld placed:\n%s", static_cast<long long>(epoch), desc.c_str());
+  scheduler_->OnPipelineUp(S, epoch);
+  if (on_ready_) on_ready_(true);
+  return absl::OkStatus();
+}
+
+void Cluster::Loop() {
+  absl::Time next_attempt = absl::InfinitePast();
+  for (;;) {
+    bool need_place = false;
+    std::unique_ptr<worker::StageLink> dead_link;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(100));
+      if (stop_) return;
+      const absl::Time now = absl::Now();
+      std::string down;
+      for (auto& [id, w] : workers_) {
+        if (w.alive && now - w.last_heartbeat > options_.down_after) {
+          w.alive = false;
+          std::fprintf(stderr, "strata-coordinator: %s (%s at %s) is down: no heartbeat for %s\n", id.c_str(),
+                       w.name.c_str(), w.address.c_str(), absl::FormatDuration(options_.down_after).c_str());
+          if (placed_) {
+            for (size_t s = 0; s < stage_ids_.size(); ++s) {
+              if (stage_ids_[s] == id) {
+                down = absl::StrCat("stage ", s, " (", w.name, " at ", w.address, ") is down: no heartbeat for ",
+                                    absl::FormatDuration(options_.down_after));
+              }
+            }
+          }
+        }
+      }
+      if (!down.empty()) {
+        const int64_t e = epoch_;
+        l.unlock();
+        PipelineDown(e, absl::UnavailableError(down));
+        l.lock();
+      }
+      need_place = !placed_ && now >= next_attempt;
+    }
+    if (!need_place) continue;
+    {
+      std::lock_guard<std::mutex> l(link_mu_);
+      dead_link = std::move(link_);
+    }
+    dead_link.reset();
+    absl::Status st = PlaceAndAssign();
+    if (!st.ok()) {
+      next_attempt = absl::Now() + absl::Milliseconds(500);
+      if (st.code() != absl::StatusCode::kUnavailable || st.message().find("AssignLayers") != std::string::npos) {
+        std::fprintf(stderr, "strata-coordinator: placement failed: %s\n", std::string(st.message()).c_str());
+      }
+    }
+  }
+}
+
+std::vector<v1::StageStats> Cluster::StageStats() {
+  std::vector<StageView> st = stages();
+  std::vector<std::future<v1::StageStats>> calls;
+  for (size_t i = 0; i < st.size(); ++i) {
+    calls.push_back(std::async(std::launch::async, [i, v = st[i]] {
+      v1::StageStats s;
+      s.set_stage(static_cast<int>(i));
+      s.set_worker(v.worker);
+      s.set_address(v.address);
+      s.set_layer_begin(v.layer_begin);
+      s.set_layer_end(v.layer_end);
+      auto stub = WorkerStub(v.address);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(absl::Seconds(1)));
+      v1::WorkerStatsResponse r;
+      if (stub->Stats(&ctx, v1::WorkerStatsRequest(), &r).ok()) {
+        s.set_up(true);
+        s.set_sequences(r.sequences());
+        s.set_kv_pages(r.kv_pages());
+        s.set_kv_bytes(r.kv_bytes());
+        s.set_queue_depth(r.queue_depth());
+        s.set_batches(r.batches());
+      }
+      return s;
+    }));
+  }
+  std::vector<v1::StageStats> out;
+  for (auto& c : calls) out.push_back(c.get());
+  return out;
+}
+
+}  // namespace strata::coordinator

@@ -1,0 +1,78 @@
+// KvSessionClient: the coordinator's synchronous client of strata-kvstore
+// (proto/strata/v1/kvstore.proto) for session bookkeeping — create, stat,
+// watermark and metadata updates, truncate, delete, list, and reading token
+// ids. The rows themselves travel between the workers and the store
+// (worker/kv_persist.h), never through the coordinator.
+//
+// Every call has a deadline; errors keep the store's status code and name
+// the store's address and the session.
+//
+// Thread-safety: all methods are thread-safe (one gRPC stub).
+#ifndef STRATA_COORDINATOR_KV_CLIENT_H_
+#define STRATA_COORDINATOR_KV_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/config.h"
+#include "strata/v1/kvstore.grpc.pb.h"
+
+namespace strata::coordinator {
+
+// What a session of this model looks like in the store.
+struct KvSessionShape {
+  v1::KvDims dims;
+  std::vector<int32_t> indexer_layers;
+  uint64_t fingerprint = 0;
+};
+
+// Dimensions and indexer slot map of `config` (DESIGN.md §4).
+KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint);
+
+class KvSessionClient {
+ public:
+  KvSessionClient(std::string address, KvSessionShape shape, absl::Duration timeout = absl::Seconds(10));
+
+  const std::string& address() const { return address_; }
+  const KvSessionShape& shape() const { return shape_; }
+
+  // ALREADY_EXISTS when the session exists.
+  absl::StatusOr<v1::SessionInfo> Create(const std::string& id);
+  // NOT_FOUND when there is no such session.
+  absl::StatusOr<v1::SessionInfo> Stat(const std::string& id);
+  absl::StatusOr<v1::SessionInfo> Update(const std::string& id, std::optional<int64_t> turn_watermark,
+                                         const std::map<std::string, std::string>& set,
+                                         const std::vector<std::string>& remove);
+  // Retries while append streams are still open (FAILED_PRECONDITION) until
+  // `wait` has passed.
+  absl::Status Truncate(const std::string& id, int64_t nrec, absl::Duration wait);
+  absl::Status Delete(const std::string& id, absl::Duration wait);
+  // Every session whose id starts with `prefix` (all pages).
+  absl::StatusOr<std::vector<v1::SessionSummary>> List(const std::string& prefix);
+  // Token ids of committed records [begin, end).
+  absl::StatusOr<std::vector<int>> TokenIds(const std::string& id, int64_t begin, int64_t end);
+
+  // FAILED_PRECONDITION when a stored session was written for another model
+  // (fingerprint or dimensions differ).
+  absl::Status CheckCompatible(const v1::SessionInfo& info) const;
+
+ private:
+  absl::Status Error(const grpc::Status& s, const std::string& what) const;
+  void SetDeadline(grpc::ClientContext* ctx) const;
+
+  const std::string address_;
+  const KvSessionShape shape_;
+  const absl::Duration timeout_;
+  std::unique_ptr<v1::KVStore::Stub> stub_;
+};
+
+}  // namespace strata::coordinator
+
+#endif  // STRATA_COORDINATOR_KV_CLIENT_H_

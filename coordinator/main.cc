@@ -1,0 +1,158 @@
+// strata-coordinator: the public API of a Strata cluster (docs/service.md).
+//
+//   strata-coordinator --model DIR [--listen 127.0.0.1:50051] [--workers N]
+//                      [--kvstore HOST:PORT] [--placement 0-1:w0,2-3:w1]
+//
+// Prints "listening ADDRESS" once serving; readiness is published on
+// grpc.health.v1 under "strata.v1.Generation". Stops on SIGINT / SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "coordinator/cluster.h"
+#include "coordinator/generation_service.h"
+#include "coordinator/request.h"
+#include "coordinator/kv_client.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/session_manager.h"
+#include "coordinator/sessions.h"
+#include "model/fingerprint.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace {
+
+constexpr const char* kUsage = "usage: strata-coordinator --model DIR [flags]\n";
+
+int Usage(const std::string& msg, const strata::FlagSet& flags) {
+  std::fprintf(stderr, "strata-coordinator: %s\n\n%s%s", msg.c_str(), kUsage, flags.Help().c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace strata::coordinator;
+  strata::FlagSet flags;
+  flags.Declare("model", "model directory (config.json, safetensors, tokenizer.json), readable by every worker");
+  flags.Declare("listen", "address to serve on (default 127.0.0.1:50051; port 0 picks a free port)");
+  flags.Declare("workers", "workers to place the model over (default 1)");
+  flags.Declare("min-workers", "place over fewer workers when only this many are alive (default: --workers)");
+  flags.Declare("placement", "manual placement, e.g. 0-30:w0,31-60:w1 (default: balanced by memory)");
+  flags.Declare("kvstore", "address of strata-kvstore for session persistence (default: none)");
+  flags.Declare("kv-dtype", "KV cache dtype on the workers: fp8 (default) or f32");
+  flags.Declare("max-running", "sequences generating at once (default 64)");
+  flags.Declare("max-queued", "requests waiting beyond --max-running before RESOURCE_EXHAUSTED (default 256)");
+  flags.Declare("max-context", "tokens per sequence in the KV budget for placement (default: the model's context)");
+  flags.Declare("prefill-chunk", "most prompt tokens of one sequence per step (default 256)");
+  flags.Declare("worker-threads", "engine threads per worker (default 0: the worker's own setting)");
+  flags.Declare("down-after-ms", "a worker silent this long is down (default 3000)");
+  flags.Declare("help", "show this help", true);
+  if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
+  if (flags.Has("help")) {
+    std::printf("%s%s", kUsage, flags.Help().c_str());
+    return 0;
+  }
+  if (!flags.Has("model")) return Usage("--model is required", flags);
+  auto workers = flags.GetInt("workers", 1), min_workers = flags.GetInt("min-workers", 0),
+       max_running = flags.GetInt("max-running", 64), max_queued = flags.GetInt("max-queued", 256),
+       max_context = flags.GetInt("max-context", 0), chunk = flags.GetInt("prefill-chunk", 256),
+       wthreads = flags.GetInt("worker-threads", 0), down_ms = flags.GetInt("down-after-ms", 3000);
+  for (const auto* v : {&workers, &min_workers, &max_running, &max_queued, &max_context, &chunk, &wthreads, &down_ms}) {
+    if (!v->ok()) return Usage(std::string(v->status().message()), flags);
+  }
+  if (*workers < 1 || *workers > 256) return Usage("--workers must be in [1, 256]", flags);
+  if (*max_running < 1 || *max_queued < 0 || *chunk < 1 || *down_ms < 100) {
+    return Usage("--max-running, --prefill-chunk must be positive, --max-queued >= 0, --down-after-ms >= 100", flags);
+  }
+  const std::string kv = flags.Get("kv-dtype", "fp8");
+  if (kv != "fp8" && kv != "f32") return Usage("--kv-dtype must be fp8 or f32", flags);
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  auto model = LoadModelContext(flags.Get("model"));
+  if (!model.ok()) {
+    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  ClusterOptions co;
+  co.model_dir = flags.Get("model");
+  co.workers = static_cast<int>(*workers);
+  co.min_workers = static_cast<int>(*min_workers);
+  co.placement_override = flags.Get("placement");
+  co.kv_dtype = kv == "f32" ? strata::KvDtype::kF32 : strata::KvDtype::kFp8;
+  co.kvstore_address = flags.Get("kvstore");
+  std::unique_ptr<KvSessionClient> store;
+  if (!co.kvstore_address.empty()) {
+    auto fingerprint = strata::ModelFingerprint(co.model_dir);
+    if (!fingerprint.ok()) {
+      std::fprintf(stderr, "strata-coordinator: %s\n", std::string(fingerprint.status().message()).c_str());
+      return 1;
+    }
+    co.model_fingerprint = *fingerprint;
+    store = std::make_unique<KvSessionClient>(co.kvstore_address, ShapeOf((*model)->config, *fingerprint));
+    std::fprintf(stderr, "strata-coordinator: sessions persist in the KV store at %s (model fingerprint %016llx)\n",
+                 co.kvstore_address.c_str(), static_cast<unsigned long long>(*fingerprint));
+  }
+  co.placement.max_sessions = *max_running;
+  co.placement.max_context = *max_context > 0 ? *max_context : (*model)->config.max_position_embeddings;
+  co.worker_threads = static_cast<int>(*wthreads);
+  co.down_after = absl::Milliseconds(*down_ms);
+  auto cluster = Cluster::Create(co);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(cluster.status().message()).c_str());
+    return 1;
+  }
+  SessionTable sessions;
+  SchedulerOptions so;
+  so.max_running = static_cast<int>(*max_running);
+  so.max_queued = static_cast<int>(*max_queued);
+  so.prefill_chunk = static_cast<int>(*chunk);
+  auto scheduler = std::make_unique<Scheduler>(so, model->get(), cluster->get(), &sessions);
+  SessionManager manager(SessionManagerOptions{}, &sessions, scheduler.get(), cluster->get(), std::move(store));
+  scheduler->SetTurnListener([&manager](const TurnEnd& t) { manager.OnTurnEnd(t); });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto generation = std::make_unique<GenerationService>(model->get(), scheduler.get(), cluster->get(), &manager);
+  CoordinatorService membership(cluster->get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = flags.Get("listen", "127.0.0.1:50051");
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(generation.get());
+  builder.RegisterService(&membership);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::fprintf(stderr, "strata-coordinator: cannot listen on %s\n", listen.c_str());
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus("strata.v1.Generation", false);
+  (*cluster)->Start(scheduler.get(), [health](bool ready) { health->SetServingStatus("strata.v1.Generation", ready); });
+  std::printf("listening %s:%d\n", listen.substr(0, listen.rfind(':')).c_str(), port);
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "strata-coordinator: signal %d, stopping\n", sig);
+  health->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  generation->Drain();  // helper threads use the scheduler and the cluster
+  (*cluster)->Stop();   // its stream reader reports to the scheduler
+  scheduler.reset();
+  server->Wait();
+  generation.reset();
+  cluster->reset();
+  return 0;
+}

@@ -1,0 +1,111 @@
+#include "coordinator/placement.h"
+
+#include "gtest/gtest.h"
+
+namespace strata::coordinator {
+namespace {
+
+// A layout with `n` layers of the given weight bytes and 100 KV bytes per token.
+ModelLayout Layout(std::vector<uint64_t> weights, std::vector<bool> cut = {}) {
+  ModelLayout m;
+  m.num_layers = static_cast<int>(weights.size());
+  m.layer_weight_bytes = std::move(weights);
+  m.can_cut_before = cut.empty() ? std::vector<bool>(m.num_layers, true) : cut;
+  m.kv_bytes_per_token.assign(m.num_layers, 100);
+  return m;
+}
+
+std::vector<WorkerSlot> Workers(int n, uint64_t free = 0) {
+  std::vector<WorkerSlot> w;
+  for (int i = 0; i < n; ++i) w.push_back({"w" + std::to_string(i), free});
+  return w;
+}
+
+PlacementOptions NoKv() {
+  PlacementOptions o;
+  o.max_sessions = 0;
+  o.max_context = 0;
+  return o;
+}
+
+TEST(PlacementTest, BalancesContiguousRangesByMemory) {
+  auto plan = PlanBalanced(Layout({10, 10, 10, 10, 40, 40}), Workers(3), NoKv());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 3u);
+  // Best max is 40: [0,4) = 40, [4,5) = 40, [5,6) = 40.
+  EXPECT_EQ(plan->stages[0].layer_begin, 0);
+  EXPECT_EQ(plan->stages[0].layer_end, 4);
+  EXPECT_EQ(plan->stages[1].layer_end, 5);
+  EXPECT_EQ(plan->stages[2].layer_end, 6);
+  for (size_t s = 0; s < plan->stages.size(); ++s) EXPECT_EQ(plan->stages[s].worker, static_cast<int>(s));
+}
+
+TEST(PlacementTest, EmbeddingHeadAndKvBudgetCount) {
+  ModelLayout m = Layout({10, 10, 10, 10});
+  m.embed_bytes = 25;
+  PlacementOptions o;
+  o.max_sessions = 1;
+  o.max_context = 0;
+  auto plan = PlanBalanced(m, Workers(2), o);
+  ASSERT_TRUE(plan.ok());
+  // Stage 0 carries the embedding: it gets fewer layers.
+  EXPECT_EQ(plan->stages[0].layer_end, 1);
+  EXPECT_EQ(plan->stages[0].weight_bytes, 35u);
+  o.max_context = 10;  // 1000 KV bytes per layer dominate: split evenly
+  plan = PlanBalanced(m, Workers(2), o);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->stages[0].layer_end, 2);
+  EXPECT_EQ(plan->stages[0].kv_bytes, 2000u);
+}
+
+TEST(PlacementTest, CutsOnlyWhereAllowedAndLeavesSparesWhenNeeded) {
+  auto plan = PlanBalanced(Layout({10, 10, 10, 10}, {true, true, false, false}), Workers(3), NoKv());
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->stages[1].layer_begin, 1);
+  EXPECT_EQ(plan->stages[1].layer_end, 4);
+  bool spare_noted = false;
+  for (const auto& n : plan->notes) spare_noted |= n.find("w2 gets no layers") != std::string::npos;
+  EXPECT_TRUE(spare_noted);
+}
+
+TEST(PlacementTest, EveryWorkerGetsALayerWhenPossible) {
+  auto plan = PlanBalanced(Layout({1000, 1, 1, 1}), Workers(4), NoKv());
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->stages.size(), 4u);
+  for (const auto& s : plan->stages) EXPECT_EQ(s.layer_end - s.layer_begin, 1);
+}
+
+TEST(PlacementTest, HeterogeneousMemoryGivesBiggerWorkersMore) {
+  std::vector<WorkerSlot> w = {{"small", 100}, {"big", 300}};
+  auto plan = PlanBalanced(Layout({10, 10, 10, 10, 10, 10, 10, 10}), w, NoKv());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->stages[0].layer_end, 2);
+}
+
+TEST(PlacementTest, OverrideIsParsedAndChecked) {
+  ModelLayout m = Layout({10, 10, 10, 10}, {true, true, false, true});
+  auto ok = PlanOverride(m, Workers(2), NoKv(), "0-0:w1,1-3:w0");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->stages[0].worker, 1);
+  EXPECT_EQ(ok->stages[1].layer_begin, 1);
+  auto by_index = PlanOverride(m, Workers(2), NoKv(), "0-2:#0,3-3:#1");
+  EXPECT_TRUE(by_index.ok()) << by_index.status();
+  for (const char* bad : {"0-1:w0,2-3:w1",  // cut before a shared layer
+                          "0-1:w0",         // does not cover every layer
+                          "0-1:w0,3-3:w1",  // gap
+                          "0-1:w9,2-3:w1",  // unknown worker
+                          "0-0:w0,1-3:w0",  // worker twice
+                          "0-7:w0",         // beyond the model
+                          "zero:w0", ""}) {
+    auto p = PlanOverride(m, Workers(2), NoKv(), bad);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(PlacementTest, RejectsNoWorkers) {
+  EXPECT_EQ(PlanBalanced(Layout({1}), {}, NoKv()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::coordinator

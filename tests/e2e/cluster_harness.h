@@ -1,0 +1,94 @@
+// A local cluster of real processes for end-to-end tests: an optional
+// strata-kvstore, a strata-coordinator and N strata-worker processes on
+// loopback, started from the build tree, with helpers to generate, kill and
+// restart workers.
+//
+// Thread-safety: a harness is used by one test thread; Generate* may be
+// called from several threads at once (each call has its own RPC).
+#ifndef STRATA_TESTS_E2E_CLUSTER_HARNESS_H_
+#define STRATA_TESTS_E2E_CLUSTER_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "strata/v1/generation.grpc.pb.h"
+
+namespace strata::e2e {
+
+struct HarnessOptions {
+  std::string model_dir;
+  int workers = 1;
+  std::string kv_dir;  // non-empty: start a strata-kvstore on it
+  std::vector<std::string> coordinator_flags;
+  int worker_threads = 1;
+  std::vector<std::string> worker_flags;
+};
+
+struct GenerateResult {
+  grpc::Status status;
+  std::vector<int> tokens;
+  std::string text;
+  v1::GenerateFinal final_msg;
+  bool got_final = false;
+  double first_token_ms = -1;  // from the call to the first chunk
+  std::vector<double> token_ms;  // arrival time of every token
+};
+
+class ClusterHarness {
+ public:
+  // Starts everything and waits (up to 60 s) for readiness; on failure the
+  // returned harness has ok() == false and error() says why.
+  explicit ClusterHarness(HarnessOptions options);
+  ~ClusterHarness();
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  const std::string& address() const { return address_; }
+  v1::Generation::Stub& stub() { return *stub_; }
+
+  // Waits until the Generation service reports `serving`.
+  bool WaitReady(bool serving, double timeout_s);
+
+  GenerateResult Generate(const v1::GenerateRequest& req, double timeout_s = 60);
+  static v1::GenerateRequest Greedy(const std::vector<int>& prompt, int max_tokens);
+
+  v1::StatsResponse Stats();
+
+  // SIGKILLs worker i; RestartWorker starts a new process with the same name.
+  void KillWorker(int i);
+  void RestartWorker(int i);
+  // Stops everything (SIGTERM, then SIGKILL after 5 s).
+  void Stop();
+  // SIGKILLs every process at once (coordinator, workers, KV store): a crash.
+  void KillAll();
+
+  // Session RPCs (10 s deadline).
+  grpc::Status SaveSession(const std::string& id, v1::SessionState* state);
+  grpc::Status ResumeSession(const std::string& id, v1::SessionState* state);
+  grpc::Status ListSessions(const std::string& prefix, v1::ListSessionsResponse* list);
+  grpc::Status DeleteSession(const std::string& id);
+
+ private:
+  pid_t Spawn(const std::vector<std::string>& argv, const std::string& log);
+  void StartWorker(int i);
+
+  HarnessOptions options_;
+  std::string error_;
+  std::string address_, kv_address_;
+  std::string log_dir_;
+  pid_t kvstore_ = -1, coordinator_ = -1;
+  std::vector<pid_t> workers_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+// The tokens the in-process engine gives for a greedy continuation (fp8 KV,
+// EOS ignored), the oracle for the cluster's tokens.
+std::vector<int> InProcessGreedy(const std::string& model_dir, const std::vector<int>& prompt, int max_tokens);
+
+}  // namespace strata::e2e
+
+#endif  // STRATA_TESTS_E2E_CLUSTER_HARNESS_H_

@@ -1,0 +1,107 @@
+// strata-worker: hosts one pipeline stage (docs/service.md, "Worker").
+//
+//   strata-worker --coordinator HOST:PORT [--listen 127.0.0.1:0] [--name w0]
+//
+// Prints "listening ADDRESS" once serving, registers with the coordinator,
+// and stops cleanly on SIGINT / SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "worker/registrar.h"
+#include "worker/stage_host.h"
+#include "worker/worker_service.h"
+
+namespace {
+
+int Usage(const std::string& msg, const strata::FlagSet& flags) {
+  std::fprintf(stderr, "strata-worker: %s\n\nusage: strata-worker --coordinator HOST:PORT [flags]\n%s",
+               msg.c_str(), flags.Help().c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  strata::FlagSet flags;
+  flags.Declare("coordinator", "address of strata-coordinator (HOST:PORT)");
+  flags.Declare("listen", "address to serve strata.v1.Worker on (default 127.0.0.1:0: any free port)");
+  flags.Declare("advertise", "address the coordinator and the previous stage dial (default: the listen address)");
+  flags.Declare("name", "worker name used in placement overrides and messages (default: the address)");
+  flags.Declare("threads", "engine threads (default 0: one per core)");
+  flags.Declare("max-chunk-bytes", "largest hidden-state payload per message (default 1048576)");
+  flags.Declare("debug-step-delay-ms", "test hook: sleep this long before each batch (default 0)");
+  flags.Declare("help", "show this help", true);
+  if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
+  if (flags.Has("help")) {
+    std::printf("usage: strata-worker --coordinator HOST:PORT [flags]\n%s", flags.Help().c_str());
+    return 0;
+  }
+  if (!flags.Has("coordinator")) return Usage("--coordinator is required", flags);
+  auto threads = flags.GetInt("threads", 0);
+  auto chunk = flags.GetInt("max-chunk-bytes", strata::worker::kDefaultMaxChunkBytes);
+  if (!threads.ok()) return Usage(std::string(threads.status().message()), flags);
+  if (!chunk.ok() || *chunk < 4096 || *chunk > (3 << 20)) {
+    return Usage("--max-chunk-bytes must be in [4096, 3145728]", flags);
+  }
+  const std::string listen = flags.Get("listen", "127.0.0.1:0");
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // every thread inherits this; main waits below
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  strata::worker::StageHostOptions ho;
+  ho.threads = static_cast<int>(*threads);
+  ho.max_chunk_bytes = static_cast<size_t>(*chunk);
+  ho.name = flags.Get("name", "worker");
+  auto delay = flags.GetInt("debug-step-delay-ms", 0);
+  if (!delay.ok() || *delay < 0 || *delay > 10000) return Usage("--debug-step-delay-ms must be in [0, 10000]", flags);
+  ho.debug_step_delay_ms = static_cast<int>(*delay);
+  auto host = std::make_unique<strata::worker::StageHost>(ho);
+  grpc::Server* server_ptr = nullptr;
+  strata::worker::WorkerService service(host.get(), [&server_ptr](bool ready) {
+    if (server_ptr) {
+      server_ptr->GetHealthCheckService()->SetServingStatus("strata.v1.Worker", ready);
+    }
+  });
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::fprintf(stderr, "strata-worker: cannot listen on %s\n", listen.c_str());
+    return 1;
+  }
+  server_ptr = server.get();
+  server->GetHealthCheckService()->SetServingStatus("strata.v1.Worker", false);
+  const std::string host_part = listen.substr(0, listen.rfind(':'));
+  const std::string address = flags.Get("advertise", absl::StrCat(host_part, ":", port));
+  std::printf("listening %s\n", address.c_str());
+  std::fflush(stdout);
+
+  auto registrar = std::make_unique<strata::worker::Registrar>(
+      strata::worker::RegistrarOptions{flags.Get("coordinator"), address, flags.Get("name", address)}, host.get());
+
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "strata-worker: signal %d, stopping\n", sig);
+  registrar.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  server->Wait();
+  host.reset();
+  return 0;
+}

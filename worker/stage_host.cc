@@ -1,0 +1,478 @@
+#include "worker/stage_host.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace strata::worker {
+namespace {
+
+constexpr int kPageTokens = 64;
+
+SamplingParams FromProto(const v1::StageSampling& s) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_p = s.top_p();
+  p.top_k = s.top_k();
+  p.min_p = s.min_p();
+  p.seed = s.seed();
+  p.repetition_penalty = s.repetition_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.presence_penalty = s.presence_penalty();
+  if (s.logprobs() >= 0) p.logprobs = s.logprobs();
+  return p;
+}
+
+}  // namespace
+
+StageHost::StageHost(StageHostOptions options) : options_(std::move(options)) {
+  compute_ = std::thread([this] { ComputeLoop(); });
+}
+
+StageHost::~StageHost() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  compute_.join();
+  std::shared_ptr<KvStoreClient> kvstore;
+  {
+    std::lock_guard<std::mutex> s(state_mu_);
+    link_.reset();
+    seqs_.clear();  // appenders half-close; the client below lets them drain briefly
+    kvstore = std::move(kvstore_);
+  }
+}
+
+absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLayersResponse* resp) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EngineOptions eo;
+  eo.kv_dtype = req.kv_dtype() == v1::KV_DTYPE_F32 ? KvDtype::kF32 : KvDtype::kFp8;
+  eo.num_threads = req.threads() > 0 ? req.threads() : options_.threads;
+  eo.layer_begin = req.layer_begin();
+  eo.layer_end = req.layer_end();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ready_ = false;
+  }
+  std::unique_ptr<Engine> engine;
+  {
+    // Reuse the loaded engine when only the epoch or the neighbours changed.
+    std::lock_guard<std::mutex> s(state_mu_);
+    if (engine_ && request_.model_dir() == req.model_dir() && request_.layer_begin() == req.layer_begin() &&
+        request_.layer_end() == req.layer_end() && request_.kv_dtype() == req.kv_dtype()) {
+      engine = std::move(engine_);
+    }
+  }
+  if (!engine) {
+    ASSIGN_OR_RETURN(engine, Engine::Load(req.model_dir(), eo));
+  }
+  std::unique_ptr<StageLink> old_link;
+  std::deque<Work> dropped;
+  std::map<uint64_t, std::shared_ptr<ResultSink>> orphaned;
+  std::shared_ptr<KvStoreClient> old_kvstore;
+  std::map<uint64_t, Seq> old_seqs;
+  {
+    std::lock_guard<std::mutex> s(state_mu_);
+    engine_ = std::move(engine);
+    old_seqs.swap(seqs_);
+    request_ = req;
+    old_link = std::move(link_);
+    ++link_generation_;
+    layout_ = MakeSliceLayout(engine_->config(), req.layer_begin(), req.layer_end());
+    if (kvstore_ && kvstore_->address() != req.kvstore_address()) old_kvstore = std::move(kvstore_);
+    if (!kvstore_ && !req.kvstore_address().empty()) {
+      KvStoreClientOptions ko;
+      ko.address = req.kvstore_address();
+      auto c = KvStoreClient::Connect(ko);
+      if (c.ok()) kvstore_ = std::move(*c);
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    dropped.swap(queue_);
+    orphaned.swap(pending_);
+    epoch_ = req.epoch();
+    ready_ = true;
+    resp->set_weight_bytes(static_cast<int64_t>(engine_->weight_bytes()));
+    UpdateStatsLocked();
+  }
+  old_link.reset();
+  old_seqs.clear();     // their appenders drain in the background
+  old_kvstore.reset();  // waits briefly for its appenders
+  for (auto& w : dropped) Fail(w.sink, w.batch.header.batch_id(), absl::AbortedError("the stage was re-assigned"), req.stage());
+  for (auto& [id, sink] : orphaned) Fail(sink, id, absl::AbortedError("the stage was re-assigned"), req.stage());
+  resp->set_load_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  return absl::OkStatus();
+}
+
+void StageHost::Submit(Batch batch, std::shared_ptr<ResultSink> sink) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back({std::move(batch), std::move(sink)});
+    stats_.set_queue_depth(static_cast<int64_t>(queue_.size()));
+  }
+  cv_.notify_one();
+}
+
+void StageHost::ComputeLoop() {
+  for (;;) {
+    Work w;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      w = std::move(queue_.front());
+      queue_.pop_front();
+      stats_.set_queue_depth(static_cast<int64_t>(queue_.size()));
+    }
+    RunBatch(w);
+  }
+}
+
+void StageHost::Fail(const std::shared_ptr<ResultSink>& sink, uint64_t batch_id, const absl::Status& s,
+                     int stage) {
+  if (batch_id == 0) return;  // a free-only message expects no answer
+  v1::StageResult r;
+  r.set_batch_id(batch_id);
+  r.set_code(static_cast<int>(s.code()));
+  r.set_error(std::string(s.message()));
+  r.set_failed_stage(stage);
+  sink->Send(std::move(r));
+}
+
+void StageHost::RunBatch(Work& w) {
+  if (options_.debug_step_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_step_delay_ms));
+  }
+  std::unique_lock<std::mutex> s(state_mu_);
+  const int stage = request_.stage();
+  const uint64_t id = w.batch.header.batch_id();
+  if (!engine_) {
+    Fail(w.sink, id, absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned")), stage);
+    return;
+  }
+  if (w.batch.header.epoch() != request_.epoch()) {
+    Fail(w.sink, id, absl::AbortedError(absl::StrCat("batch of epoch ", w.batch.header.epoch(), " reached stage ",
+                                                     stage, " of epoch ", request_.epoch())), stage);
+    return;
+  }
+  std::vector<uint64_t> frees(w.batch.header.free_seq_ids().begin(), w.batch.header.free_seq_ids().end());
+  if (!frees.empty()) FreeLocked(frees, false);
+  v1::StageResult result;
+  result.set_batch_id(id);
+  if (w.batch.header.chunks_size() > 0) {
+    if (absl::Status st = Compute(w.batch, &result); !st.ok()) {
+      Fail(w.sink, id, st, stage);
+      // The rows after this stage will never arrive: forget the batch's
+      // sequences here so that a retry starts from a known state.
+      std::vector<uint64_t> ids;
+      for (const auto& c : w.batch.header.chunks()) ids.push_back(c.seq_id());
+      FreeLocked(ids, false);
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.set_batches(stats_.batches() + 1);
+    UpdateStatsLocked();
+  }
+  if (engine_->last_stage()) {
+    if (id != 0) w.sink->Send(std::move(result));
+    return;
+  }
+  if (absl::Status st = EnsureLinkLocked(); !st.ok()) {
+    Fail(w.sink, id, st, stage + 1);
+    return;
+  }
+  v1::StageBatch header = std::move(w.batch.header);
+  header.set_hidden_size(header.chunks_size() > 0 ? engine_->config().hidden_size : 0);
+  if (id != 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    pending_[id] = w.sink;
+  }
+  if (absl::Status st = link_->Send(header, w.batch.hidden.data(), options_.max_chunk_bytes); !st.ok()) {
+    std::shared_ptr<ResultSink> sink;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = pending_.find(id);
+      if (it != pending_.end()) {
+        sink = it->second;
+        pending_.erase(it);
+      }
+    }
+    if (sink) Fail(sink, id, st, stage + 1);
+  }
+}
+
+absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
+  Engine& e = *engine_;
+  const ModelConfig& cfg = e.config();
+  const int H = cfg.hidden_size;
+  const v1::StageBatch& h = batch.header;
+  std::vector<SeqChunk> chunks;
+  std::vector<int> all_tokens;
+  std::vector<std::vector<int>> chunk_tokens(h.chunks_size());
+  int rows = 0;
+  for (int i = 0; i < h.chunks_size(); ++i) {
+    const v1::StageChunk& c = h.chunks(i);
+    if (c.tokens_size() == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq_id(), " has an empty chunk"));
+    auto it = seqs_.find(c.seq_id());
+    if (it == seqs_.end()) {
+      if (c.start() != 0) {
+        return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " is unknown on stage ",
+                                                          request_.stage(), " but the chunk starts at ", c.start()));
+      }
+      it = seqs_.emplace(c.seq_id(), Seq{e.NewSequence(), nullptr, -1, nullptr}).first;
+    }
+    Seq& seq = it->second;
+    if (seq.kv->num_tokens() != c.start()) {
+      return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " holds ", seq.kv->num_tokens(),
+                                                        " tokens on stage ", request_.stage(),
+                                                        " but the chunk starts at ", c.start()));
+    }
+    if (c.start() + c.tokens_size() > cfg.max_position_embeddings) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", c.seq_id(), " would exceed the context of ",
+                                                cfg.max_position_embeddings, " tokens"));
+    }
+    chunk_tokens[i].assign(c.tokens().begin(), c.tokens().end());
+    all_tokens.insert(all_tokens.end(), c.tokens().begin(), c.tokens().end());
+    rows += c.tokens_size();
+  }
+  if (rows != h.total_rows()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " says ", h.total_rows(),
+                                                   " rows but its chunks hold ", rows, " tokens"));
+  }
+  for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].kv.get(), chunk_tokens[i]});
+  if (e.first_stage()) {
+    batch.hidden.assign(static_cast<size_t>(rows) * H, 0.0f);
+    RETURN_IF_ERROR(e.Embed(all_tokens, batch.hidden.data()));
+  } else if (h.hidden_size() != H || batch.hidden.size() != static_cast<size_t>(rows) * H) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " carries rows of ", h.hidden_size(),
+                                                   " floats; this model's hidden size is ", H));
+  }
+  RETURN_IF_ERROR(e.RunLayers(chunks, batch.hidden.data()));
+  for (int i = 0; i < h.chunks_size(); ++i) PersistLocked(h.chunks(i), chunk_tokens[i], seqs_[h.chunks(i).seq_id()]);
+  if (!e.last_stage()) return absl::OkStatus();
+
+  // Last stage: sample one token for every chunk that asks for it.
+  std::vector<float> last_rows;
+  std::vector<int> sample_chunks;
+  int row = 0;
+  for (int i = 0; i < h.chunks_size(); ++i) {
+    row += h.chunks(i).tokens_size();
+    const v1::StageChunk& c = h.chunks(i);
+    Seq& seq = seqs_[c.seq_id()];
+    if (c.has_sampling()) {
+      ASSIGN_OR_RETURN(seq.sampler, Sampler::Create(FromProto(c.sampling()), cfg.vocab_size));
+      seq.logprobs = c.sampling().logprobs();
+    }
+    if (c.prompt() && seq.sampler) seq.sampler->ObservePrompt(chunk_tokens[i]);
+    if (!c.sample()) continue;
+    if (!seq.sampler) {
+      return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " asks for a token without sampling parameters"));
+    }
+    const float* src = batch.hidden.data() + static_cast<size_t>(row - 1) * H;
+    last_rows.insert(last_rows.end(), src, src + H);
+    sample_chunks.push_back(i);
+  }
+  if (sample_chunks.empty()) return absl::OkStatus();
+  const int V = cfg.vocab_size;
+  std::vector<float> logits(sample_chunks.size() * static_cast<size_t>(V));
+  RETURN_IF_ERROR(e.Logits(last_rows.data(), static_cast<int>(sample_chunks.size()), logits.data()));
+  for (size_t k = 0; k < sample_chunks.size(); ++k) {
+    const v1::StageChunk& c = h.chunks(sample_chunks[k]);
+    Seq& seq = seqs_[c.seq_id()];
+    SampleLogprobs lp;
+    absl::Span<const float> row_logits(logits.data() + k * V, V);
+    const int token = seq.sampler->Sample(row_logits, seq.logprobs >= 0 ? &lp : nullptr);
+    seq.sampler->Observe(token, /*is_prompt=*/false);
+    v1::SampledToken* t = result->add_tokens();
+    t->set_seq_id(c.seq_id());
+    t->set_token(token);
+    if (seq.logprobs >= 0) {
+      t->set_logprob(lp.logprob);
+      t->set_rank(lp.rank);
+      for (const auto& a : lp.top) {
+        t->add_top_tokens(a.token);
+        t->add_top_logprobs(a.logprob);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::EnsureLinkLocked() {
+  if (link_) {
+    bool broken;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      broken = broken_generation_ == link_generation_;
+    }
+    if (!broken) return absl::OkStatus();
+    link_.reset();
+    ++link_generation_;
+  }
+  const uint64_t gen = link_generation_;
+  const std::string name = absl::StrCat("stage ", request_.stage() + 1);
+  auto link = StageLink::Open(
+      request_.next_address(), name, absl::Seconds(2),
+      [this](v1::StageResult&& r) { OnDownstreamResult(std::move(r)); },
+      [this, gen](const absl::Status& st) { OnDownstreamBroken(gen, st); });
+  if (!link.ok()) return link.status();
+  link_ = std::move(*link);
+  return absl::OkStatus();
+}
+
+void StageHost::OnDownstreamResult(v1::StageResult&& r) {
+  std::shared_ptr<ResultSink> sink;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = pending_.find(r.batch_id());
+    if (it == pending_.end()) return;
+    sink = std::move(it->second);
+    pending_.erase(it);
+  }
+  sink->Send(std::move(r));
+}
+
+void StageHost::OnDownstreamBroken(uint64_t gen, const absl::Status& st) {
+  std::map<uint64_t, std::shared_ptr<ResultSink>> pending;
+  int stage = 0;
+  {
+    // Runs on the link's reader thread: never take state_mu_ here (the
+    // compute thread may be destroying the link while holding it).
+    std::lock_guard<std::mutex> l(mu_);
+    pending.swap(pending_);
+    stage = static_cast<int>(stats_.stage()) + 1;
+  }
+  for (auto& [id, sink] : pending) Fail(sink, id, st, stage);
+  std::lock_guard<std::mutex> l(mu_);
+  broken_generation_ = gen;  // EnsureLinkLocked replaces the link
+}
+
+int64_t StageHost::FreeLocked(const std::vector<uint64_t>& ids, bool all) {
+  int64_t n = 0;
+  if (all) {
+    n = static_cast<int64_t>(seqs_.size());
+    seqs_.clear();
+  } else {
+    for (uint64_t id : ids) n += static_cast<int64_t>(seqs_.erase(id));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  UpdateStatsLocked();
+  return n;
+}
+
+int64_t StageHost::Free(const std::vector<uint64_t>& ids, bool all) {
+  std::lock_guard<std::mutex> s(state_mu_);
+  return FreeLocked(ids, all);
+}
+
+void StageHost::PersistLocked(const v1::StageChunk& c, const std::vector<int>& tokens, Seq& seq) {
+  if (!c.persist() || c.session_id().empty() || !kvstore_) return;
+  if (!seq.persist) {
+    AppenderSpec spec;
+    spec.session_id = c.session_id();
+    spec.fingerprint = request_.model_fingerprint();
+    spec.layout = layout_;
+    spec.first_position = c.start();
+    spec.skip_below = c.start();
+    seq.persist = kvstore_->OpenAppender(spec);
+  }
+  seq.persist->Append(c.start(), tokens, *seq.kv);
+}
+
+absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadSessionResponse* resp) {
+  if (req.session_id().empty() || req.tokens() < 0 || req.tokens() > (int64_t{1} << 31) ||
+      (req.persist() && req.append_from() < req.tokens())) {
+    return absl::InvalidArgumentError(absl::StrCat("LoadSession needs a session id, 0 <= tokens and, with persist, ",
+                                                   "append_from >= tokens; got '", req.session_id(), "', ",
+                                                   req.tokens(), ", ", req.append_from()));
+  }
+  std::unique_ptr<SequenceKv> kv;
+  std::shared_ptr<KvStoreClient> client;
+  SliceLayout layout;
+  uint64_t fingerprint = 0;
+  {
+    std::lock_guard<std::mutex> s(state_mu_);
+    if (!engine_) return absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned"));
+    if (req.epoch() != request_.epoch()) {
+      return absl::AbortedError(absl::StrCat("LoadSession for epoch ", req.epoch(), " on a stage of epoch ",
+                                             request_.epoch()));
+    }
+    if (!kvstore_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(options_.name, " has no KV store (the coordinator runs without --kvstore)"));
+    }
+    if (req.tokens() >= engine_->config().max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot load ", req.tokens(), " tokens: the context is ",
+                                                     engine_->config().max_position_embeddings));
+    }
+    kv = engine_->NewSequence();
+    client = kvstore_;
+    layout = layout_;
+    fingerprint = request_.model_fingerprint();
+  }
+  // Off the lock: the compute thread keeps serving other sequences.
+  std::vector<int> ids;
+  RETURN_IF_ERROR(client->Load(req.session_id(), fingerprint, layout, req.tokens(), kv.get(), &ids));
+  std::unique_ptr<KvAppender> appender;
+  if (req.persist()) {
+    AppenderSpec spec;
+    spec.session_id = req.session_id();
+    spec.fingerprint = fingerprint;
+    spec.layout = layout;
+    spec.first_position = req.tokens();
+    spec.skip_below = req.append_from();
+    spec.start_position = req.append_from();
+    appender = client->OpenAppender(spec);
+  }
+  std::lock_guard<std::mutex> s(state_mu_);
+  if (req.epoch() != request_.epoch()) {
+    return absl::AbortedError(absl::StrCat("the stage was re-assigned (epoch ", request_.epoch(),
+                                           ") while loading session '", req.session_id(), "'"));
+  }
+  resp->set_tokens(kv->num_tokens());
+  resp->mutable_token_ids()->Add(ids.begin(), ids.end());
+  seqs_[req.seq_id()] = Seq{std::move(kv), nullptr, -1, std::move(appender)};
+  std::lock_guard<std::mutex> l(mu_);
+  UpdateStatsLocked();
+  return absl::OkStatus();
+}
+
+void StageHost::UpdateStatsLocked() {
+  // REQUIRES: state_mu_ and mu_ held.
+  stats_.set_epoch(request_.epoch());
+  stats_.set_stage(request_.stage());
+  stats_.set_layer_begin(request_.layer_begin());
+  stats_.set_layer_end(request_.layer_end());
+  stats_.set_sequences(static_cast<int64_t>(seqs_.size()));
+  int64_t pages = 0, bytes = 0;
+  for (const auto& [id, s] : seqs_) {
+    pages += static_cast<int64_t>((s.kv->num_tokens() + kPageTokens - 1) / kPageTokens) * s.kv->num_layers();
+    bytes += static_cast<int64_t>(s.kv->bytes());
+  }
+  stats_.set_kv_pages(pages);
+  stats_.set_kv_bytes(bytes);
+  if (engine_) stats_.set_weight_bytes(static_cast<int64_t>(engine_->weight_bytes()));
+  if (kvstore_) stats_.set_kv_rows_persisted(kvstore_->rows_committed());
+}
+
+v1::WorkerStatsResponse StageHost::Stats() {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+int64_t StageHost::epoch() {
+  std::lock_guard<std::mutex> l(mu_);
+  return epoch_;
+}
+
+bool StageHost::ready() {
+  std::lock_guard<std::mutex> l(mu_);
+  return ready_;
+}
+
+}  // namespace strata::worker

@@ -1,0 +1,145 @@
+// StageHost: what a worker runs — the engine for its assigned layer range,
+// the sequences' KV caches (and, on the last stage, their samplers), one
+// compute thread that runs batches in arrival order, and the link to the next
+// stage (docs/service.md, "Worker").
+//
+// A batch arrives from an Execute stream (see worker_service.h) with a
+// ResultSink to answer on. The compute thread validates it, embeds (stage 0)
+// or takes the received hidden rows, runs the layers, and then either
+// forwards the rows to the next stage (remembering the sink for the batch) or,
+// on the last stage, samples one token per chunk that asks for it and answers
+// at once. Results coming back from the next stage are passed to the sink
+// that sent the batch.
+//
+// Thread-safety: all public methods are thread-safe. Assign() waits for the
+// batch being computed and replaces the whole state (sequences of an older
+// epoch are dropped). Locks: state_mu_ (engine and sequences; held by the
+// compute thread per batch) is taken before mu_ (queue, pending batches,
+// statistics).
+#ifndef STRATA_WORKER_STAGE_HOST_H_
+#define STRATA_WORKER_STAGE_HOST_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "model/engine.h"
+#include "model/sampler.h"
+#include "strata/v1/worker.pb.h"
+#include "worker/kv_persist.h"
+#include "worker/stage_link.h"
+#include "worker/stage_wire.h"
+
+namespace strata::worker {
+
+// Where a stage sends results for the batches it received on one stream.
+// Thread-safety: Send must be thread-safe.
+class ResultSink {
+ public:
+  virtual ~ResultSink() = default;
+  virtual void Send(v1::StageResult result) = 0;
+};
+
+struct StageHostOptions {
+  // Engine threads per stage (0: one per core).
+  int threads = 0;
+  // Largest TensorChunk payload sent to the next stage.
+  size_t max_chunk_bytes = kDefaultMaxChunkBytes;
+  // This worker's name, used in error messages.
+  std::string name = "worker";
+  // Test hook: sleep this long before each batch (0: never), so that tests
+  // can act while a stream is running on a tiny model.
+  int debug_step_delay_ms = 0;
+};
+
+class StageHost {
+ public:
+  explicit StageHost(StageHostOptions options);
+  ~StageHost();
+
+  // Loads the layers and resets every sequence. INVALID_ARGUMENT for a range
+  // the model cannot be cut at; NOT_FOUND / INVALID_ARGUMENT from loading.
+  absl::Status Assign(const v1::AssignLayersRequest& request, v1::AssignLayersResponse* response);
+
+  // Queues a batch; its result (or error) goes to `sink`.
+  void Submit(Batch batch, std::shared_ptr<ResultSink> sink);
+
+  // Creates sequence `seq_id` from a stored session's rows (records
+  // [0, request.tokens()) of this stage's layers, read from the KV store
+  // without recomputation) and, with persist, an appender that continues the
+  // session at request.append_from(). Blocks while loading; the compute
+  // thread keeps running meanwhile.
+  //   INVALID_ARGUMENT  bad counts or session id;
+  //   FAILED_PRECONDITION no layers or no KV store;
+  //   ABORTED           the epoch differs (or changed during the load);
+  //   the KV store's codes (NOT_FOUND, OUT_OF_RANGE, UNAVAILABLE, ...).
+  absl::Status LoadSession(const v1::LoadSessionRequest& request, v1::LoadSessionResponse* response);
+
+  // Drops sequences (or all). Returns how many were dropped.
+  int64_t Free(const std::vector<uint64_t>& ids, bool all);
+
+  v1::WorkerStatsResponse Stats();
+  int64_t epoch();
+  bool ready();
+
+ private:
+  struct Seq {
+    std::unique_ptr<SequenceKv> kv;
+    std::unique_ptr<Sampler> sampler;
+    int logprobs = -1;
+    std::unique_ptr<KvAppender> persist;  // rows to the KV store
+  };
+  // A sequence whose rows go to the KV store gets an appender on its first
+  // persisted chunk.
+  void PersistLocked(const v1::StageChunk& chunk, const std::vector<int>& tokens, Seq& seq);
+  struct Work {
+    Batch batch;
+    std::shared_ptr<ResultSink> sink;
+  };
+
+  void ComputeLoop();
+  void RunBatch(Work& w);
+  // Runs a batch on this stage; fills `result` on the last stage.
+  absl::Status Compute(Batch& batch, v1::StageResult* result);
+  void Fail(const std::shared_ptr<ResultSink>& sink, uint64_t batch_id, const absl::Status& s, int stage);
+  void OnDownstreamResult(v1::StageResult&& r);
+  void OnDownstreamBroken(uint64_t link_generation, const absl::Status& s);
+  absl::Status EnsureLinkLocked();
+  int64_t FreeLocked(const std::vector<uint64_t>& ids, bool all);
+  void UpdateStatsLocked();
+
+  const StageHostOptions options_;
+
+  std::mutex state_mu_;  // engine_, seqs_, request_, link_
+  std::unique_ptr<Engine> engine_;
+  std::map<uint64_t, Seq> seqs_;
+  v1::AssignLayersRequest request_;
+  std::unique_ptr<StageLink> link_;
+  uint64_t link_generation_ = 0;
+  // Kept across assignments with the same address, so that the appenders of
+  // dropped sequences finish delivering their rows.
+  std::shared_ptr<KvStoreClient> kvstore_;
+  SliceLayout layout_;  // this stage's KV store slice
+
+  std::mutex mu_;  // below
+  std::condition_variable cv_;
+  std::deque<Work> queue_;
+  bool stop_ = false;
+  std::map<uint64_t, std::shared_ptr<ResultSink>> pending_;  // batches sent downstream
+  v1::WorkerStatsResponse stats_;
+  int64_t epoch_ = 0;
+  uint64_t broken_generation_ = ~uint64_t{0};  // link generation that broke
+  bool ready_ = false;
+
+  std::thread compute_;
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_STAGE_HOST_H_
