@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/generation_flags.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -62,31 +63,15 @@ int GenerateRemote(const std::vector<std::string>& args) {
   FlagSet flags;
   flags.Declare("server", "address of strata-coordinator (HOST:PORT)");
   flags.Declare("model", "ignored with --server");
-  flags.Declare("prompt", "prompt text (tokenised by the cluster, BOS as the tokenizer adds it)");
-  flags.Declare("chat", "a user message, formatted with the model family's chat format");
-  flags.Declare("system", "optional system message for --chat");
-  flags.Declare("tokens", "prompt as comma-separated token ids");
-  flags.Declare("max-tokens", "most tokens to generate (default 128)");
-  flags.Declare("temperature", "sampling temperature, 0 = greedy (default 1.0)");
-  flags.Declare("top-p", "nucleus sampling mass in (0, 1] (default 1 = off)");
-  flags.Declare("top-k", "keep the k most likely tokens (default 0 = off)");
-  flags.Declare("min-p", "drop tokens below min_p times the top probability (default 0 = off)");
-  flags.Declare("seed", "random seed (same seed, same tokens)");
-  flags.Declare("stop", "stop string (repeatable); the text ends before it", false, true);
-  flags.Declare("repetition-penalty", "HF-style repetition penalty (default 1 = off)");
-  flags.Declare("frequency-penalty", "OpenAI-style frequency penalty in [-2, 2]");
-  flags.Declare("presence-penalty", "OpenAI-style presence penalty in [-2, 2]");
-  flags.Declare("ignore-eos", "keep generating after an end-of-sequence token", true);
+  DeclareGenerationFlags(&flags);
   flags.Declare("kv-dtype", "ignored with --server");
   flags.Declare("threads", "ignored with --server");
-  flags.Declare("json", "print one JSON object at the end instead of streaming", true);
   flags.Declare("session", "continue this session (created when new)");
   flags.Declare("continue", "continue the session's interrupted turn (no new input needed)", true);
   flags.Declare("no-persist", "do not persist the session in the KV store", true);
   flags.Declare("request-id", "request id (for Abort)");
   flags.Declare("logprobs", "report the k most likely alternatives of each token (JSON output)");
   flags.Declare("timeout", "deadline in seconds (default none)");
-  flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(args); !st.ok()) return Fail(std::string(st.message()), 2);
   if (flags.Has("help")) {
     std::printf("%s%s", kHelp, flags.Help().c_str());
@@ -113,35 +98,25 @@ int GenerateRemote(const std::vector<std::string>& args) {
     m->set_role("user");
     m->set_content(flags.Get("chat"));
   }
-  auto d = [&](const char* n, double def) { return flags.GetDouble(n, def); };
-  auto temperature = d("temperature", 1.0), top_p = d("top-p", 1.0), min_p = d("min-p", 0.0),
-       rep = d("repetition-penalty", 1.0), freq = d("frequency-penalty", 0.0), pres = d("presence-penalty", 0.0),
-       timeout = d("timeout", 0.0);
-  auto top_k = flags.GetInt("top-k", 0), max_tokens = flags.GetInt("max-tokens", 128), lp = flags.GetInt("logprobs", -1);
-  for (const absl::Status& st : {temperature.status(), top_p.status(), min_p.status(), rep.status(), freq.status(),
-                                 pres.status(), timeout.status(), top_k.status(), max_tokens.status(), lp.status()}) {
-    if (!st.ok()) return Fail(std::string(st.message()), 2);
-  }
-  if (*max_tokens <= 0 || *max_tokens > (1 << 30)) {
-    return Fail(absl::StrCat("--max-tokens must be positive, got ", *max_tokens), 2);
-  }
-  if (*top_k < -1 || *top_k > (1 << 30)) return Fail("--top-k out of range", 2);
+  auto parsed = SamplingFromFlags(flags);
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()), 2);
+  const SamplingParams& p = *parsed;
+  auto timeout = flags.GetDouble("timeout", 0.0);
+  auto lp = flags.GetInt("logprobs", -1);
+  if (!timeout.ok()) return Fail(std::string(timeout.status().message()), 2);
+  if (!lp.ok()) return Fail(std::string(lp.status().message()), 2);
   v1::SamplingParams* sp = req.mutable_sampling();
-  sp->set_temperature(static_cast<float>(*temperature));
-  sp->set_top_p(static_cast<float>(*top_p));
-  sp->set_min_p(static_cast<float>(*min_p));
-  sp->set_top_k(static_cast<int>(*top_k));
-  sp->set_repetition_penalty(static_cast<float>(*rep));
-  sp->set_frequency_penalty(static_cast<float>(*freq));
-  sp->set_presence_penalty(static_cast<float>(*pres));
-  if (flags.Has("seed")) {
-    auto seed = flags.GetInt("seed", 0);
-    if (!seed.ok() || *seed < 0) return Fail("--seed must be a non-negative integer", 2);
-    sp->set_seed(static_cast<uint64_t>(*seed));
-  }
-  req.mutable_stopping()->set_max_tokens(static_cast<int>(*max_tokens));
-  for (const auto& s : flags.GetAll("stop")) req.mutable_stopping()->add_stop(s);
-  req.mutable_stopping()->set_ignore_eos(flags.Has("ignore-eos"));
+  sp->set_temperature(p.temperature);
+  sp->set_top_p(p.top_p);
+  sp->set_min_p(p.min_p);
+  sp->set_top_k(p.top_k);
+  sp->set_repetition_penalty(p.repetition_penalty);
+  sp->set_frequency_penalty(p.frequency_penalty);
+  sp->set_presence_penalty(p.presence_penalty);
+  if (p.seed) sp->set_seed(*p.seed);
+  req.mutable_stopping()->set_max_tokens(*p.max_tokens);
+  for (const auto& s : p.stop) req.mutable_stopping()->add_stop(s);
+  req.mutable_stopping()->set_ignore_eos(p.ignore_eos);
   if (*lp >= 0) req.set_logprobs(static_cast<int>(*lp));
   req.set_session_id(flags.Get("session"));
   req.set_continue_turn(flags.Has("continue"));

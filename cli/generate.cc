@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/generation_flags.h"
 #include "common/flags.h"
 #include "model/chat_format.h"
 #include "model/engine.h"
@@ -42,25 +43,9 @@ int Fail(const absl::Status& s, int code = 1) {
 int Generate(const std::vector<std::string>& args) {
   FlagSet flags;
   flags.Declare("model", "model directory (config.json, safetensors, tokenizer.json)");
-  flags.Declare("prompt", "prompt text (tokenised with the model's tokenizer, BOS as the tokenizer adds it)");
-  flags.Declare("chat", "a user message, formatted with the model family's chat format");
-  flags.Declare("system", "optional system message for --chat");
-  flags.Declare("tokens", "prompt as comma-separated token ids");
-  flags.Declare("max-tokens", "most tokens to generate (default 128)");
-  flags.Declare("temperature", "sampling temperature, 0 = greedy (default 1.0)");
-  flags.Declare("top-p", "nucleus sampling mass in (0, 1] (default 1 = off)");
-  flags.Declare("top-k", "keep the k most likely tokens (default 0 = off)");
-  flags.Declare("min-p", "drop tokens below min_p times the top probability (default 0 = off)");
-  flags.Declare("seed", "random seed (same seed, same tokens)");
-  flags.Declare("stop", "stop string (repeatable); the text ends before it", false, true);
-  flags.Declare("repetition-penalty", "HF-style repetition penalty (default 1 = off)");
-  flags.Declare("frequency-penalty", "OpenAI-style frequency penalty in [-2, 2]");
-  flags.Declare("presence-penalty", "OpenAI-style presence penalty in [-2, 2]");
-  flags.Declare("ignore-eos", "keep generating after an end-of-sequence token", true);
+  DeclareGenerationFlags(&flags);
   flags.Declare("kv-dtype", "KV cache dtype: fp8 (default) or f32");
   flags.Declare("threads", "worker threads (default: one per core)");
-  flags.Declare("json", "print one JSON object at the end instead of streaming", true);
-  flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(args); !st.ok()) return Fail(st, 2);
   if (flags.Has("help")) {
     std::printf("%s%s", kHelp, flags.Help().c_str());
@@ -70,37 +55,11 @@ int Generate(const std::vector<std::string>& args) {
   const int inputs = flags.Has("prompt") + flags.Has("chat") + flags.Has("tokens");
   if (inputs != 1) return Fail(absl::InvalidArgumentError("give exactly one of --prompt, --chat, --tokens"), 2);
 
-  SamplingParams sp;
-  auto get_d = [&](const char* name, double def) { return flags.GetDouble(name, def); };
-  auto temperature = get_d("temperature", 1.0), top_p = get_d("top-p", 1.0), min_p = get_d("min-p", 0.0),
-       rep = get_d("repetition-penalty", 1.0), freq = get_d("frequency-penalty", 0.0),
-       pres = get_d("presence-penalty", 0.0);
-  auto top_k = flags.GetInt("top-k", 0), max_tokens = flags.GetInt("max-tokens", 128),
-       threads = flags.GetInt("threads", 0);
-  for (const absl::Status& st : {temperature.status(), top_p.status(), min_p.status(), rep.status(),
-                                 freq.status(), pres.status(), top_k.status(), max_tokens.status(),
-                                 threads.status()}) {
-    if (!st.ok()) return Fail(st, 2);
-  }
-  sp.temperature = static_cast<float>(*temperature);
-  sp.top_p = static_cast<float>(*top_p);
-  sp.min_p = static_cast<float>(*min_p);
-  sp.repetition_penalty = static_cast<float>(*rep);
-  sp.frequency_penalty = static_cast<float>(*freq);
-  sp.presence_penalty = static_cast<float>(*pres);
-  if (*top_k < -1 || *top_k > (1 << 30)) return Fail(absl::InvalidArgumentError("--top-k out of range"), 2);
-  sp.top_k = static_cast<int>(*top_k);
-  if (*max_tokens <= 0 || *max_tokens > (1 << 30)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--max-tokens must be positive, got ", *max_tokens)), 2);
-  }
-  sp.max_tokens = static_cast<int>(*max_tokens);
-  if (flags.Has("seed")) {
-    auto seed = flags.GetInt("seed", 0);
-    if (!seed.ok() || *seed < 0) return Fail(absl::InvalidArgumentError("--seed must be a non-negative integer"), 2);
-    sp.seed = static_cast<uint64_t>(*seed);
-  }
-  sp.stop = flags.GetAll("stop");
-  sp.ignore_eos = flags.Has("ignore-eos");
+  auto parsed = SamplingFromFlags(flags);
+  if (!parsed.ok()) return Fail(parsed.status(), 2);
+  SamplingParams sp = *std::move(parsed);
+  auto threads = flags.GetInt("threads", 0);
+  if (!threads.ok()) return Fail(threads.status(), 2);
   if (*threads < 0 || *threads > 1024) return Fail(absl::InvalidArgumentError("--threads must be in [0, 1024]"), 2);
 
   EngineOptions opt;
