@@ -1,5 +1,7 @@
 #include "coordinator/request.h"
 
+#include <algorithm>
+
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +71,10 @@ absl::StatusOr<RequestSpec> ParseRequest(const v1::GenerateRequest& req, const M
       }
       if (!req.prompt().empty()) {
         ASSIGN_OR_RETURN(spec.prompt, ctx.tokenizer->Encode(req.prompt(), /*add_special_tokens=*/true));
+        const std::vector<int>& pre = ctx.tokenizer->prefix_ids();
+        if (pre.size() <= spec.prompt.size() && std::equal(pre.begin(), pre.end(), spec.prompt.begin())) {
+          spec.special_prefix = static_cast<int>(pre.size());
+        }
       }
       break;
     }

@@ -44,6 +44,10 @@ struct RequestSpec {
   // Set by SessionManager::Prepare, which marked the session busy itself.
   bool session_reserved = false;
   bool skip_special_tokens = true;
+  // Leading prompt tokens the tokenizer's post-processor added to prompt
+  // text (e.g. BOS). They start a conversation, so a prompt appended to a
+  // session that already holds tokens drops them.
+  int special_prefix = 0;
 };
 
 // REQUIRES: ctx outlives the call. `draw_seed` supplies a seed when the

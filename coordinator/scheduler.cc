@@ -124,7 +124,11 @@ absl::Status Scheduler::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> s
         st = absl::InvalidArgumentError(absl::StrCat("session '", s.id, "' has nothing to continue"));
         return;
       }
-      r->feed.insert(r->feed.end(), spec.prompt.begin(), spec.prompt.end());
+      // A conversation starts once: a text prompt appended to a session that
+      // already holds tokens drops its BOS (the tokenizer's prefix).
+      const bool continues = !r->history.empty() || !r->feed.empty();
+      const size_t skip = continues ? std::min<size_t>(spec.special_prefix, spec.prompt.size()) : 0;
+      r->feed.insert(r->feed.end(), spec.prompt.begin() + skip, spec.prompt.end());
       if (static_cast<int64_t>(r->history.size() + r->feed.size()) >= ctx_len) {
         st = absl::InvalidArgumentError(absl::StrCat("session '", s.id, "' would hold ",
                                                      r->history.size() + r->feed.size(),

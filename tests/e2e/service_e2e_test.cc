@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "model/tokenizer.h"
 #include "tests/e2e/cluster_harness.h"
 
 namespace strata::e2e {
@@ -353,6 +354,42 @@ TEST(ServiceTest, KilledWorkerEndsStreamsWithUnavailableAndTheSessionResumesExac
   c.Stop();
   std::error_code ec;
   fs::remove_all(kv_dir, ec);
+}
+
+}  // namespace
+}  // namespace strata::e2e
+
+namespace strata::e2e {
+namespace {
+
+// Regression: a text prompt appended to a session that already holds tokens
+// must not carry the tokenizer's BOS again (it starts a conversation once).
+TEST(ServiceTest, TextAppendedToASessionDropsTheBos) {
+  const std::string demo = std::string(STRATA_SOURCE_DIR) + "/models/demo";
+  auto tok = Tokenizer::FromFile(demo + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto first_ids = (*tok)->Encode("The list type", true);
+  auto next_ids = (*tok)->Encode(" and the dict type", true);
+  ASSERT_TRUE(first_ids.ok() && next_ids.ok());
+  ASSERT_EQ((*next_ids)[0], 0);  // the demo tokenizer adds BOS (id 0)
+  ClusterHarness c({demo, 1});
+  ASSERT_TRUE(c.ok()) << c.error();
+  v1::GenerateRequest a;
+  a.set_prompt("The list type");
+  a.mutable_sampling()->set_temperature(0);
+  a.mutable_stopping()->set_max_tokens(4);
+  a.mutable_stopping()->set_ignore_eos(true);
+  a.set_session_id("text-1");
+  GenerateResult ra = c.Generate(a);
+  ASSERT_TRUE(ra.status.ok()) << ra.status.error_message();
+  // session_tokens counts the tokens the stages hold: all but the last sampled one.
+  EXPECT_EQ(ra.final_msg.session_tokens(), static_cast<int64_t>(first_ids->size()) + 4 - 1);
+  v1::GenerateRequest b = a;
+  b.set_prompt(" and the dict type");
+  GenerateResult rb = c.Generate(b);
+  ASSERT_TRUE(rb.status.ok()) << rb.status.error_message();
+  EXPECT_EQ(rb.final_msg.session_tokens(),
+            static_cast<int64_t>(first_ids->size() + 4 + (next_ids->size() - 1) + 4 - 1));
 }
 
 }  // namespace
