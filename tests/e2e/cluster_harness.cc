@@ -180,6 +180,14 @@ void ClusterHarness::StartWorker(int i) {
 
 void ClusterHarness::KillWorker(int i) { Terminate(workers_[i], SIGKILL); }
 
+void ClusterHarness::PauseWorker(int i) {
+  if (workers_[i] > 0) ::kill(workers_[i], SIGSTOP);
+}
+
+void ClusterHarness::ContinueWorker(int i) {
+  if (workers_[i] > 0) ::kill(workers_[i], SIGCONT);
+}
+
 void ClusterHarness::RestartWorker(int i) {
   if (workers_[i] > 0) KillWorker(i);
   StartWorker(i);

@@ -61,6 +61,9 @@ class ClusterHarness {
   // SIGKILLs worker i; RestartWorker starts a new process with the same name.
   void KillWorker(int i);
   void RestartWorker(int i);
+  // SIGSTOP / SIGCONT worker i: a hung process whose connections stay open.
+  void PauseWorker(int i);
+  void ContinueWorker(int i);
   // Stops everything (SIGTERM, then SIGKILL after 5 s).
   void Stop();
   // SIGKILLs every process at once (coordinator, workers, KV store): a crash.

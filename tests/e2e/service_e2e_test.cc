@@ -394,3 +394,35 @@ TEST(ServiceTest, TextAppendedToASessionDropsTheBos) {
 
 }  // namespace
 }  // namespace strata::e2e
+
+namespace strata::e2e {
+namespace {
+
+// A worker that hangs (SIGSTOP: its connections stay open, only its
+// heartbeats stop) is declared down within 3 s, and the streams that need it
+// end with UNAVAILABLE naming the stage.
+TEST(ServiceTest, HungWorkerIsDeclaredDownByItsMissingHeartbeats) {
+  const std::string model = "deepseek_v3";
+  const std::vector<int> ref = ReferenceTokens(model);
+  const std::vector<int> prompt(ref.begin(), ref.begin() + 8);
+  ClusterHarness c({Fixture(model), 2, "", {}, 1, {"--debug-step-delay-ms", "20"}});
+  ASSERT_TRUE(c.ok()) << c.error();
+  GenerateResult got;
+  std::thread t([&] { got = c.Generate(ClusterHarness::Greedy(prompt, 240), 30); });
+  for (int i = 0; i < 300; ++i) {
+    if (c.Stats().generated_tokens() >= 5) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto paused_at = Clock::now();
+  c.PauseWorker(1);
+  t.join();
+  const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - paused_at).count();
+  c.ContinueWorker(1);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("stage"), std::string::npos) << got.status.error_message();
+  EXPECT_LT(after_ms, 5000.0);
+  EXPECT_FALSE(got.tokens.empty());
+}
+
+}  // namespace
+}  // namespace strata::e2e
