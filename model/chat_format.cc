@@ -22,22 +22,10 @@ constexpr char kDsAssistant[] = "<｜Assistant｜>";
 constexpr char kThinkOpen[] = "<think>";
 constexpr char kThinkClose[] = "</think>";
 
-// Python's str.isspace() for one code point.
+// Python's str.isspace() for one code point: the Unicode White_Space set
+// plus the information separators U+001C..U+001F.
 bool IsPythonSpace(uint32_t cp) {
-  if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x1F)) return true;
-  switch (cp) {
-    case 0x85:
-    case 0xA0:
-    case 0x1680:
-    case 0x2028:
-    case 0x2029:
-    case 0x202F:
-    case 0x205F:
-    case 0x3000:
-      return true;
-    default:
-      return cp >= 0x2000 && cp <= 0x200A;
-  }
+  return tokenizer_internal::IsUnicodeWhiteSpace(cp) || (cp >= 0x1C && cp <= 0x1F);
 }
 
 // Python's str.strip() with no argument. REQUIRES: valid UTF-8.
