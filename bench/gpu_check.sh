@@ -16,30 +16,38 @@
 #   NCU=1          one profiler pass (Nsight Compute, clocks left alone) of the
 #                  decode kernels at B=1 T=128k
 #   SANITIZE=0     skips compute-sanitizer
+#   ATTENTION_BENCH=0, E2E_BENCH=0   skip the attention kernel benchmark or
+#                  the end-to-end synthetic DeepSeek-V3 benchmark
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
 BUILD=${BUILD_DIR:-build-cuda}
 BIN=$BUILD/gpu-bin
-TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test"
+TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test gpu_engine_test"
+BENCHES="strata_attention_bench strata_gpu_e2e_bench"
 
 if [ "$MODE" = build ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON ${CMAKE_ARGS:-} || exit 1
-  ninja -C "$BUILD" -j"${JOBS:-2}" $TESTS strata_attention_bench || exit 1
+  ninja -C "$BUILD" -j"${JOBS:-2}" $TESTS $BENCHES || exit 1
   mkdir -p "$BIN"
   # (the staging folders are skipped: a stale staged copy must not win)
-  for t in $TESTS strata_attention_bench; do
+  for t in $TESTS $BENCHES; do
     cp "$(find "$BUILD" -path "$BUILD/gpu-bin*" -prune -o -name "$t" -type f -perm -u+x -print | head -1)" "$BIN/" || exit 1
   done
-  # The CUDA runtime the binaries were linked against, in case the GPU machine lacks it.
-  cp -L "$(ldd "$BIN/strata_attention_bench" | awk '/libcudart/ {print $3}')" "$BIN/" 2>/dev/null || true
+  # The CUDA runtime and the Abseil libraries the binaries were linked
+  # against, in case the GPU machine lacks them (cuBLASLt comes from its
+  # CUDA or PyTorch installation).
+  for lib in $(ldd "$BIN"/* 2>/dev/null | awk '/libcudart|libabsl_/ {print $3}' | sort -u); do
+    cp -L "$lib" "$BIN/" || exit 1
+  done
   ls -la "$BIN"
   exit 0
 fi
 
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+CUBLAS_DIR=$(python3 -c "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib'))" 2>/dev/null)
+export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:${CUBLAS_DIR:+$CUBLAS_DIR:}${LD_LIBRARY_PATH:-}"
 { date -u; nvidia-smi; nvidia-smi -q -d CLOCK | head -40; } > "$OUT/env.txt" 2>&1
 START=$(date +%s)
 
@@ -65,7 +73,7 @@ echo "bf16 matrix peak (median of 10 8192^3 GEMMs): $PEAK TFLOP/s" | tee -a "$OU
 fails=0
 for t in $TESTS; do
   echo "=== $t" | tee -a "$OUT/tests.log"
-  timeout 150 "$BIN/$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |worst|Failure|error|Expected|Which is|seed" | head -40
+  timeout 240 "$BIN/$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |worst|Failure|error|Expected|Which is|seed|mode|kernels:" | head -60
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || { echo "!!! $t exited $rc"; fails=$((fails + 1)); }
 done
@@ -87,7 +95,16 @@ if command -v cuobjdump > /dev/null; then
   cat "$OUT/sass_summary.txt"
 fi
 
-timeout 180 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+if [ "${ATTENTION_BENCH:-1}" = 1 ]; then
+  timeout 180 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+fi
+# DeepSeek-V3-sized layers end to end (synthetic weights), dense and DSA.
+if [ "${E2E_BENCH:-1}" = 1 ]; then
+  for flag in "" --dsa; do
+    timeout 240 "$BIN/strata_gpu_e2e_bench" $flag 2>&1 | tee -a "$OUT/e2e.log"
+    echo "e2e bench $flag rc=${PIPESTATUS[0]}"
+  done
+fi
 # The previous build's benchmark on the same card (quick: up to T = 128k).
 if [ -n "${PREV_BIN:-}" ] && [ -x "$PREV_BIN/strata_attention_bench" ]; then
   LD_LIBRARY_PATH="$PREV_BIN:$LD_LIBRARY_PATH" timeout 90 "$PREV_BIN/strata_attention_bench" \
@@ -115,5 +132,4 @@ if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
 fi
 echo "tests failed: $fails; run took $(( $(date +%s) - START )) s"
 if [ -f "$OUT/bench_prev.log" ]; then echo "previous build:"; grep "^|" "$OUT/bench_prev.log"; fi
-echo "this build:"
-grep "^|" "$OUT/bench.log"
+if [ -f "$OUT/bench.log" ]; then echo "this build:"; grep "^|" "$OUT/bench.log"; fi

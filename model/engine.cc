@@ -83,6 +83,11 @@ absl::Status Engine::RunLayers(absl::Span<const SeqChunk> chunks, float* hidden)
     }
     internal::AttentionLayer(config_, w, g, l, rope, rows_of, rows, xn.data(), delta.data(), &selections,
                              pool_.get());
+    if (options_.record_selections) {
+      selections_.resize(options_.layer_end - options_.layer_begin);
+      selections_[l].clear();
+      if (config_.layers[g].indexer == IndexerMode::kFull) selections_[l] = selections;
+    }
     for (size_t i = 0; i < xn.size(); ++i) hidden[i] += delta[i];
     for (int r = 0; r < rows; ++r) {
       cpu::RmsNorm(hidden + static_cast<size_t>(r) * H, w.post_attention_norm.data(), H,

@@ -38,6 +38,8 @@ struct EngineOptions {
   // Layers this engine owns: [layer_begin, layer_end); -1 = num_layers.
   int layer_begin = 0;
   int layer_end = -1;
+  // Tests: keep each step's DSA selections (see last_selections()).
+  bool record_selections = false;
 };
 
 // One sequence's part of a batch.
@@ -80,6 +82,11 @@ class Engine {
   absl::Status Forward(absl::Span<const SeqChunk> chunks, bool all_logits,
                        std::vector<float>* logits);
 
+  // With record_selections: per local layer with an indexer (kFull), the
+  // positions each row of the last step attended to (sorted); empty for
+  // other layers.
+  const std::vector<std::vector<std::vector<int32_t>>>& last_selections() const { return selections_; }
+
  private:
   Engine(ModelConfig config, EngineOptions options, std::unique_ptr<ModelWeights> weights);
 
@@ -87,6 +94,7 @@ class Engine {
   const EngineOptions options_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<ThreadPool> pool_;
+  std::vector<std::vector<std::vector<int32_t>>> selections_;
 };
 
 }  // namespace strata

@@ -41,6 +41,24 @@ __device__ __forceinline__ uint8_t EncodeE4m3(float x) {
   return static_cast<uint8_t>(sign | code);
 }
 
+// Quantises one row with one warp, exactly as fp8::QuantizeRow: amax skips
+// NaN (fmaxf ignores NaN operands; max is order-independent), the tiny/huge
+// guard, IEEE division for 448/amax and amax/448, one f32 multiply per code.
+// Returns the scale (valid in every lane).
+__device__ inline float QuantizeRowWarp(const float* x, int n, uint8_t* codes, int lane) {
+  float amax = 0.0f;
+  for (int i = lane; i < n; i += 32) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if (!(amax > 1e-35f) || amax > 3.4e38f) {
+    for (int i = lane; i < n; i += 32) codes[i] = 0;
+    return 1.0f;
+  }
+  const float inv = __fdiv_rn(448.0f, amax);
+  for (int i = lane; i < n; i += 32) codes[i] = dev::EncodeE4m3(__fmul_rn(x[i], inv));
+  return __fdiv_rn(amax, 448.0f);
+}
+
 // Clears every byte of w that holds a NaN code (0x7F / 0xFF), so that NaN
 // codes decode to 0 as the CPU table does.
 __device__ __forceinline__ uint32_t ClearNanCodes(uint32_t w) {
@@ -70,6 +88,13 @@ __device__ __forceinline__ void E4m3x16ToBf16(uint4 codes, uint4& lo, uint4& hi)
   hi.y = E4m3x2ToBf16x2(w[2] >> 16);
   hi.z = E4m3x2ToBf16x2(w[3]);
   hi.w = E4m3x2ToBf16x2(w[3] >> 16);
+}
+
+// One fp8 e4m3 code -> f32, exactly; the NaN codes decode to 0 (fp8::Decode).
+__device__ __forceinline__ float DecodeE4m3(uint8_t code) {
+  if ((code & 0x7Fu) == 0x7Fu) return 0.0f;
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return __half2float(*reinterpret_cast<const __half*>(&h));
 }
 
 // A stored scale is used only when finite and positive (fp8::ScaleIsUsable).

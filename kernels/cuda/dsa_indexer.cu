@@ -36,7 +36,7 @@ __device__ __forceinline__ void LoadIdxTile(const DsaIndexerParams& p, int b, in
                                             int64_t t0, int g, int q, IdxTile& k) {
   if (t0 >= seq) return;
   // The 16 tokens of a tile share one page (tiles are 16-aligned).
-  const int page = p.page_table[b * p.page_table_stride + t0 / 64];
+  const int page = p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + t0 / 64];
   const uint8_t* base = p.pool + static_cast<size_t>(page) * kIndexPageBytes;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

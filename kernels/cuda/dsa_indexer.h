@@ -44,6 +44,9 @@ struct DsaIndexerParams {
   const int* page_table;     // [batch][page_table_stride]
   int64_t page_table_stride = 0;
   const int* seq_lens;       // [batch]
+  // Optional: request b uses page_table row page_row[b] (null: row b), so
+  // requests can share one table of per-sequence rows.
+  const int* page_row = nullptr;
   int64_t max_seq_len = 0;   // max over seq_lens (sizes the grid)
   float* scores;             // [batch][score_stride] f32; [b][t] written for t < seq_lens[b]
   int64_t score_stride = 0;

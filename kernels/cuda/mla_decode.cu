@@ -54,7 +54,7 @@ __device__ __forceinline__ int64_t RowPage(const MlaDecodeParams& p, int b, int6
   }
   if (pos < 0 || pos >= p.seq_lens[b]) return -1;
   slot = static_cast<int>(pos & (kPageTokens - 1));
-  return p.page_table[b * p.page_table_stride + (pos / kPageTokens)];
+  return p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + (pos / kPageTokens)];
 }
 
 // Issues the cp.async copies of tile `tile` into the raw buffers, with the
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
         pf_pos = e < p.index_stride ? p.indices[b * p.index_stride + e] : -1;
       } else if (e < p.seq_lens[b]) {
         pf_pos = static_cast<int>(e);
-        pf_page = p.page_table[b * p.page_table_stride + e / kPageTokens];
+        pf_page = p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + e / kPageTokens];
       }
     }
 
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
     if (mapper && tile + 2 < tile_end) {
       if (p.indices != nullptr) {
         pf_page = pf_pos >= 0 && pf_pos < p.seq_lens[b]
-                      ? p.page_table[b * p.page_table_stride + pf_pos / kPageTokens]
+                      ? p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + pf_pos / kPageTokens]
                       : -1;
       }
       sm.row_page[tile & 1][threadIdx.x] = pf_page;

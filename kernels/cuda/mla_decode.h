@@ -43,6 +43,9 @@ struct MlaDecodeParams {
   const int* page_table;     // [batch][page_table_stride] pool page of each logical page
   int64_t page_table_stride = 0;
   const int* seq_lens;       // [batch] tokens in each request's cache
+  // Optional: request b uses page_table row page_row[b] (null: row b), so
+  // requests can share one table of per-sequence rows.
+  const int* page_row = nullptr;
 
   // Sparse attention: null for dense. Otherwise positions to attend.
   const int* indices = nullptr;  // [batch][index_stride]; < 0 means "no entry"

@@ -1,0 +1,203 @@
+#include "model/gpu/device_weights.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace strata::gpu {
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
+  DeviceBuffer b;
+  RETURN_IF_ERROR(b.Reserve(bytes));
+  return b;
+}
+
+absl::Status DeviceBuffer::Reserve(size_t bytes) {
+  if (bytes <= bytes_) return absl::OkStatus();
+  if (ptr_ != nullptr) cudaFree(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+    ptr_ = nullptr;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes on the GPU: ", cudaGetErrorString(e)));
+  }
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+namespace {
+
+uint16_t ToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Creates device tensors from host floats or from the seed.
+class Builder {
+ public:
+  Builder(const ModelWeights* host, uint64_t seed) : host_(host), seed_(seed) {}
+
+  // A tensor of n values: the host's (bf16-converted when asked) or uniform
+  // offset ± scale.
+  absl::StatusOr<DeviceBuffer> Tensor(const std::vector<float>* src, int64_t n, bool bf16, float offset,
+                                      float scale, const char* what) {
+    const size_t bytes = static_cast<size_t>(n) * (bf16 ? 2 : 4);
+    ASSIGN_OR_RETURN(DeviceBuffer d, DeviceBuffer::Alloc(bytes));
+    bytes_ += bytes;
+    if (host_ != nullptr) {
+      if (src == nullptr || static_cast<int64_t>(src->size()) != n) {
+        return absl::InternalError(absl::StrCat("weight ", what, " has ", src ? src->size() : 0,
+                                                " values, expected ", n));
+      }
+      cudaError_t e;
+      if (bf16) {
+        std::vector<uint16_t> h(n);
+        for (int64_t i = 0; i < n; ++i) h[i] = ToBf16Bits((*src)[i]);
+        e = cudaMemcpy(d.get(), h.data(), bytes, cudaMemcpyHostToDevice);
+      } else {
+        e = cudaMemcpy(d.get(), src->data(), bytes, cudaMemcpyHostToDevice);
+      }
+      if (e != cudaSuccess) return absl::InternalError(absl::StrCat("upload of ", what, ": ", cudaGetErrorString(e)));
+    } else {
+      const cudaError_t e = cuda::LaunchFillUniform(d.get(), bf16, n, seed_ + 0x1000193ull * ++counter_, offset,
+                                                    scale, nullptr);
+      if (e != cudaSuccess) return absl::InternalError(absl::StrCat("generating ", what, ": ", cudaGetErrorString(e)));
+    }
+    return d;
+  }
+
+  absl::StatusOr<DLinear> Linear(const LinearWeights* src, int out, int in, bool bias, cuda::GemmType type,
+                                 const char* what) {
+    DLinear l;
+    l.in = in;
+    l.out = out;
+    l.type = type;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(in));
+    ASSIGN_OR_RETURN(l.w, Tensor(src ? &src->w : nullptr, static_cast<int64_t>(out) * in,
+                                 type == cuda::GemmType::kBF16, 0.0f, scale, what));
+    const bool has_bias = host_ != nullptr ? (src != nullptr && !src->b.empty()) : bias;
+    if (has_bias) {
+      ASSIGN_OR_RETURN(l.b, Tensor(src ? &src->b : nullptr, out, false, 0.0f, 0.02f, what));
+    }
+    return l;
+  }
+
+  absl::StatusOr<DeviceBuffer> Norm(const std::vector<float>* src, int n, const char* what) {
+    return Tensor(src, n, false, 1.0f, 0.1f, what);
+  }
+
+  absl::StatusOr<DMlp> Mlp(const MlpWeights* src, int hidden, int inter, cuda::GemmType t) {
+    DMlp m;
+    ASSIGN_OR_RETURN(m.gate, Linear(src ? &src->gate : nullptr, inter, hidden, false, t, "mlp.gate_proj"));
+    ASSIGN_OR_RETURN(m.up, Linear(src ? &src->up : nullptr, inter, hidden, false, t, "mlp.up_proj"));
+    ASSIGN_OR_RETURN(m.down, Linear(src ? &src->down : nullptr, hidden, inter, false, t, "mlp.down_proj"));
+    return m;
+  }
+
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const ModelWeights* host_;
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, int layer_begin, int layer_end,
+                                                         bool with_embedding, bool with_head,
+                                                         cuda::GemmType t, const ModelWeights* host,
+                                                         uint64_t seed) {
+  auto m = std::make_unique<DModel>();
+  Builder b(host, seed);
+  const bool bf16 = t == cuda::GemmType::kBF16;
+  const int H = c.hidden_size, NH = c.num_heads, QK = c.qk_head_dim(), L = c.kv_lora_rank,
+            R = c.qk_rope_head_dim;
+  if (with_embedding) {
+    ASSIGN_OR_RETURN(m->embed, b.Tensor(host ? &host->embed : nullptr, static_cast<int64_t>(c.vocab_size) * H, bf16,
+                                        0.0f, 1.0f, "embed_tokens"));
+    m->embed_bf16 = bf16;
+  }
+  if (with_head) {
+    ASSIGN_OR_RETURN(m->final_norm, b.Norm(host ? &host->final_norm : nullptr, H, "norm"));
+    ASSIGN_OR_RETURN(m->lm_head, b.Linear(host ? &host->lm_head : nullptr, c.vocab_size, H, false, t, "lm_head"));
+  }
+  for (int g = layer_begin; g < layer_end; ++g) {
+    const LayerWeights* w = host ? &host->layers[g - layer_begin] : nullptr;
+    DLayer d;
+    ASSIGN_OR_RETURN(d.input_norm, b.Norm(w ? &w->input_norm : nullptr, H, "input_layernorm"));
+    ASSIGN_OR_RETURN(d.post_norm, b.Norm(w ? &w->post_attention_norm : nullptr, H, "post_attention_layernorm"));
+    const bool bias = c.attention_bias;
+    if (c.q_lora_rank == 0) {
+      ASSIGN_OR_RETURN(d.q_proj, b.Linear(w ? &w->q_proj : nullptr, NH * QK, H, false, t, "q_proj"));
+    } else {
+      ASSIGN_OR_RETURN(d.q_a, b.Linear(w ? &w->q_a : nullptr, c.q_lora_rank, H, bias, t, "q_a_proj"));
+      ASSIGN_OR_RETURN(d.q_a_norm, b.Norm(w ? &w->q_a_norm : nullptr, c.q_lora_rank, "q_a_layernorm"));
+      ASSIGN_OR_RETURN(d.q_b, b.Linear(w ? &w->q_b : nullptr, NH * QK, c.q_lora_rank, false, t, "q_b_proj"));
+    }
+    ASSIGN_OR_RETURN(d.kv_a, b.Linear(w ? &w->kv_a : nullptr, L + R, H, bias, t, "kv_a_proj_with_mqa"));
+    ASSIGN_OR_RETURN(d.kv_a_norm, b.Norm(w ? &w->kv_a_norm : nullptr, L, "kv_a_layernorm"));
+    ASSIGN_OR_RETURN(d.kv_b, b.Linear(w ? &w->kv_b : nullptr, NH * (c.qk_nope_head_dim + c.v_head_dim), L, false, t,
+                                      "kv_b_proj"));
+    ASSIGN_OR_RETURN(d.o, b.Linear(w ? &w->o : nullptr, H, NH * c.v_head_dim, bias, t, "o_proj"));
+    if (c.layers[g].indexer == IndexerMode::kFull) {
+      const IndexerWeights* iw = w ? &w->indexer : nullptr;
+      const int IH = c.index_n_heads, ID = c.index_head_dim;
+      ASSIGN_OR_RETURN(d.index_wq_b, b.Linear(iw ? &iw->wq_b : nullptr, IH * ID, c.q_lora_rank, false, t, "indexer.wq_b"));
+      ASSIGN_OR_RETURN(d.index_wk, b.Linear(iw ? &iw->wk : nullptr, ID, H, false, t, "indexer.wk"));
+      ASSIGN_OR_RETURN(d.index_weights_proj,
+                       b.Linear(iw ? &iw->weights_proj : nullptr, IH, H, false, t, "indexer.weights_proj"));
+      ASSIGN_OR_RETURN(d.index_k_norm_w, b.Norm(iw ? &iw->k_norm_w : nullptr, ID, "indexer.k_norm.weight"));
+      ASSIGN_OR_RETURN(d.index_k_norm_b, b.Tensor(iw ? &iw->k_norm_b : nullptr, ID, false, 0.0f, 0.02f,
+                                                  "indexer.k_norm.bias"));
+    }
+    if (!c.layers[g].moe) {
+      ASSIGN_OR_RETURN(d.dense, b.Mlp(w ? &w->dense : nullptr, H, c.intermediate_size, t));
+    } else {
+      const int E = c.n_routed_experts;
+      ASSIGN_OR_RETURN(d.router, b.Linear(w ? &w->router : nullptr, E, H, false, cuda::GemmType::kF32, "mlp.gate"));
+      ASSIGN_OR_RETURN(d.router_bias, b.Tensor(w ? &w->router_bias : nullptr, E, false, 0.0f, 0.01f,
+                                               "e_score_correction_bias"));
+      for (int e = 0; e < E; ++e) {
+        ASSIGN_OR_RETURN(DMlp x, b.Mlp(w ? &w->experts[e] : nullptr, H, c.moe_intermediate_size, t));
+        d.experts.push_back(std::move(x));
+      }
+      if (c.n_shared_experts > 0) {
+        ASSIGN_OR_RETURN(d.shared, b.Mlp(w ? &w->shared : nullptr, H, c.moe_intermediate_size * c.n_shared_experts, t));
+      }
+    }
+    m->layers.push_back(std::move(d));
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return absl::InternalError(absl::StrCat("building weights: ", cudaGetErrorString(e)));
+  m->bytes = b.bytes();
+  return m;
+}
+
+}  // namespace strata::gpu

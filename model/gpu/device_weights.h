@@ -1,0 +1,95 @@
+// Device memory and the weights of a GpuEngine (model/gpu/gpu_engine.h):
+// uploaded from the CPU engine's float32 weights, or generated on the device
+// from a seed for synthetic benchmarks. Internal to model/gpu.
+//
+// Thread-compatible.
+#ifndef STRATA_MODEL_GPU_DEVICE_WEIGHTS_H_
+#define STRATA_MODEL_GPU_DEVICE_WEIGHTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/layer_ops.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace strata::gpu {
+
+// An owned device allocation (cudaMalloc / cudaFree).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // RESOURCE_EXHAUSTED when the device has not `bytes` free.
+  static absl::StatusOr<DeviceBuffer> Alloc(size_t bytes);
+  // Grows (never shrinks) to at least `bytes`; the contents are not kept.
+  absl::Status Reserve(size_t bytes);
+
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct DLinear {
+  DeviceBuffer w;  // [out][in] in `type`
+  DeviceBuffer b;  // [out] f32 or empty
+  int in = 0, out = 0;
+  cuda::GemmType type = cuda::GemmType::kBF16;
+  const float* bias() const { return b.bytes() ? b.as<float>() : nullptr; }
+};
+
+struct DMlp {
+  DLinear gate, up, down;
+};
+
+struct DLayer {
+  DeviceBuffer input_norm, post_norm;  // f32
+  DLinear q_proj, q_a, q_b;
+  DeviceBuffer q_a_norm;
+  DLinear kv_a;
+  DeviceBuffer kv_a_norm;
+  DLinear kv_b;
+  DLinear o;
+  DLinear index_wq_b, index_wk, index_weights_proj;  // kFull layers
+  DeviceBuffer index_k_norm_w, index_k_norm_b;
+  DMlp dense;
+  DLinear router;            // always f32
+  DeviceBuffer router_bias;  // f32
+  std::vector<DMlp> experts;
+  DMlp shared;
+};
+
+struct DModel {
+  DeviceBuffer embed;  // [vocab][hidden] in the GEMM type
+  bool embed_bf16 = false;
+  DeviceBuffer final_norm;
+  DLinear lm_head;
+  std::vector<DLayer> layers;
+  uint64_t bytes = 0;
+};
+
+// Builds the device weights of layers [layer_begin, layer_end) (plus the
+// embedding / head when asked). With `host` set, copies its tensors
+// (converted to bf16 when type is kBF16); with host == nullptr, generates
+// every tensor on the device from `seed`.
+absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, int layer_begin, int layer_end,
+                                                         bool with_embedding, bool with_head,
+                                                         cuda::GemmType type, const ModelWeights* host,
+                                                         uint64_t seed);
+
+}  // namespace strata::gpu
+
+#endif  // STRATA_MODEL_GPU_DEVICE_WEIGHTS_H_

@@ -1,0 +1,423 @@
+#include "model/gpu/gpu_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/status_macros.h"
+#include "kernels/cuda/dsa_indexer.h"
+#include "kernels/cuda/mla_decode.h"
+#include "model/gpu/gpu_engine_impl.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace strata {
+
+namespace {
+
+absl::Status CheckShapes(const ModelConfig& c) {
+  if (c.kv_lora_rank > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_lora_rank ", c.kv_lora_rank, " is above the GPU engine's limit of 1024"));
+  }
+  if (c.has_dsa && (int64_t{c.index_n_heads} * c.index_head_dim + c.index_n_heads) * 4 > 48 * 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("index_n_heads x index_head_dim = ", c.index_n_heads, " x ",
+                                                   c.index_head_dim, " is above the GPU engine's limit"));
+  }
+  if (c.n_routed_experts > 0 && c.n_group > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("n_group ", c.n_group, " is above the GPU engine's limit of 128"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& config, const GpuEngineOptions& options,
+                                                         const ModelWeights* host, uint64_t seed) {
+  auto im = std::make_unique<GpuEngine::Impl>();
+  im->c = config;
+  im->opt = options;
+  GpuEngineOptions& opt = im->opt;
+  const ModelConfig& c = im->c;
+  if (opt.layer_end < 0) opt.layer_end = c.num_layers;
+  if (opt.layer_begin < 0 || opt.layer_end > c.num_layers || opt.layer_begin >= opt.layer_end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", opt.layer_begin, ", ", opt.layer_end,
+                                                   ") is empty or outside the model's ", c.num_layers, " layers"));
+  }
+  if (!c.can_cut_before(opt.layer_begin)) {
+    return absl::InvalidArgumentError(absl::StrCat("a stage cannot start at layer ", opt.layer_begin,
+                                                   ": it reuses the previous layer's DSA selection"));
+  }
+  RETURN_IF_ERROR(CheckShapes(c));
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError("no CUDA device is visible to this process");
+  }
+  if (opt.device < 0 || opt.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", opt.device, " does not exist (", devices, " visible)"));
+  }
+  if (opt.max_sequences < 1) return absl::InvalidArgumentError("max_sequences must be at least 1");
+  STRATA_CUDA_RETURN(cudaSetDevice(opt.device));
+  STRATA_CUDA_RETURN(cudaDeviceGetAttribute(&im->num_sms, cudaDevAttrMultiProcessorCount, opt.device));
+  STRATA_CUDA_RETURN(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
+  const cuda::GemmType type = opt.f32_gemm ? cuda::GemmType::kF32 : cuda::GemmType::kBF16;
+  ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
+                                                opt.layer_end == c.num_layers, type, host, seed));
+  ASSIGN_OR_RETURN(im->gemm, cuda::GemmRunner::Create(opt.batch_invariant_gemm));
+
+  const std::vector<float> inv_freq = RopeInvFreq(c.rope, c.qk_rope_head_dim);
+  ASSIGN_OR_RETURN(im->inv_freq, gpu::DeviceBuffer::Alloc(inv_freq.size() * sizeof(float)));
+  STRATA_CUDA_RETURN(cudaMemcpy(im->inv_freq.get(), inv_freq.data(), inv_freq.size() * sizeof(float),
+                                cudaMemcpyHostToDevice));
+  im->attention_factor = static_cast<float>(c.rope.attention_factor);
+
+  // The page pool: every page id covers 64 tokens in each local layer.
+  im->mla_layout = {c.kv_lora_rank, c.qk_rope_head_dim};
+  im->index_layout = {std::max(c.index_head_dim, 1)};
+  int full = 0;
+  for (int g = opt.layer_begin; g < opt.layer_end; ++g) {
+    im->index_slot.push_back(c.layers[g].indexer == IndexerMode::kFull ? full++ : -1);
+  }
+  const int nl = opt.layer_end - opt.layer_begin;
+  const size_t per_id = nl * im->mla_layout.page_bytes() + full * im->index_layout.page_bytes();
+  im->total_pages = opt.kv_cache_bytes / static_cast<int64_t>(per_id);
+  if (im->total_pages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes ", opt.kv_cache_bytes,
+                                                   " cannot hold one 64-token page of these ", nl, " layers (",
+                                                   per_id, " bytes)"));
+  }
+  ASSIGN_OR_RETURN(im->mla_pool, gpu::DeviceBuffer::Alloc(im->total_pages * nl * im->mla_layout.page_bytes()));
+  if (full > 0) {
+    ASSIGN_OR_RETURN(im->index_pool,
+                     gpu::DeviceBuffer::Alloc(im->total_pages * full * im->index_layout.page_bytes()));
+  }
+  for (int64_t p = im->total_pages - 1; p >= 0; --p) im->free_ids.push_back(static_cast<int>(p));
+  const int64_t max_ctx_pages = (std::max<int64_t>(c.max_position_embeddings, 64) + 63) / 64;
+  im->max_pages_per_seq = std::min(im->total_pages, max_ctx_pages);
+  ASSIGN_OR_RETURN(im->page_table, gpu::DeviceBuffer::Alloc(static_cast<size_t>(opt.max_sequences) *
+                                                            im->max_pages_per_seq * sizeof(int)));
+  for (int i = opt.max_sequences - 1; i >= 0; --i) im->free_slots.push_back(i);
+  return im;
+}
+
+}  // namespace
+
+GpuSequence::~GpuSequence() { engine_->Release(this); }
+
+GpuEngine::GpuEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GpuEngine::~GpuEngine() {
+  if (impl_ && impl_->stream) {
+    cudaStreamSynchronize(impl_->stream);
+    for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
+    cudaStreamDestroy(impl_->stream);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Load(const std::string& model_dir,
+                                                           const GpuEngineOptions& options) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  const int end = options.layer_end < 0 ? config.num_layers : options.layer_end;
+  if (options.layer_begin < 0 || end > config.num_layers || options.layer_begin >= end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", options.layer_begin, ", ", end,
+                                                   ") is empty or outside the model's ", config.num_layers,
+                                                   " layers"));
+  }
+  ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));
+  ASSIGN_OR_RETURN(auto host, LoadWeights(*store, config, options.layer_begin, end, options.layer_begin == 0,
+                                          end == config.num_layers));
+  ASSIGN_OR_RETURN(auto impl, NewImpl(config, options, host.get(), 0));
+  return std::unique_ptr<GpuEngine>(new GpuEngine(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::CreateSynthetic(const ModelConfig& config,
+                                                                      const GpuEngineOptions& options, uint64_t seed) {
+  ASSIGN_OR_RETURN(auto impl, NewImpl(config, options, nullptr, seed));
+  return std::unique_ptr<GpuEngine>(new GpuEngine(std::move(impl)));
+}
+
+const ModelConfig& GpuEngine::config() const { return impl_->c; }
+bool GpuEngine::first_stage() const { return impl_->opt.layer_begin == 0; }
+bool GpuEngine::last_stage() const { return impl_->opt.layer_end == impl_->c.num_layers; }
+uint64_t GpuEngine::weight_bytes() const { return impl_->w->bytes; }
+int64_t GpuEngine::total_pages() const { return impl_->total_pages; }
+int64_t GpuEngine::free_pages() const { return static_cast<int64_t>(impl_->free_ids.size()); }
+
+absl::StatusOr<std::unique_ptr<GpuSequence>> GpuEngine::NewSequence() {
+  if (impl_->free_slots.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("all ", impl_->opt.max_sequences, " sequence slots of the GPU engine are in use"));
+  }
+  const int slot = impl_->free_slots.back();
+  impl_->free_slots.pop_back();
+  return std::unique_ptr<GpuSequence>(new GpuSequence(this, slot));
+}
+
+void GpuEngine::Release(GpuSequence* seq) {
+  impl_->free_ids.insert(impl_->free_ids.end(), seq->pages_.rbegin(), seq->pages_.rend());
+  impl_->free_slots.push_back(seq->slot_);
+}
+
+absl::StatusOr<GpuStep> GpuEngine::Prepare(absl::Span<const GpuChunk> chunks, bool embed) {
+  Impl& im = *impl_;
+  const ModelConfig& c = im.c;
+  if (chunks.empty()) return absl::InvalidArgumentError("a step needs at least one chunk");
+  int64_t rows = 0, need = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const GpuChunk& ch = chunks[i];
+    if (ch.seq == nullptr || ch.seq->engine_ != this) {
+      return absl::InvalidArgumentError("a chunk's sequence does not belong to this engine");
+    }
+    if (ch.tokens.empty()) return absl::InvalidArgumentError("a chunk has no tokens");
+    for (size_t j = 0; j < i; ++j) {
+      if (chunks[j].seq == ch.seq) return absl::InvalidArgumentError("a sequence appears twice in one batch");
+    }
+    if (embed) {
+      for (size_t t = 0; t < ch.tokens.size(); ++t) {
+        if (ch.tokens[t] < 0 || ch.tokens[t] >= c.vocab_size) {
+          return absl::InvalidArgumentError(absl::StrCat("token id ", ch.tokens[t], " at index ", t,
+                                                         " is outside the vocabulary [0, ", c.vocab_size, ")"));
+        }
+      }
+    }
+    const int64_t end = ch.seq->num_tokens_ + static_cast<int64_t>(ch.tokens.size());
+    if (end > im.max_pages_per_seq * 64) {
+      return absl::InvalidArgumentError(absl::StrCat("a sequence of ", end, " tokens exceeds this engine's limit of ",
+                                                     im.max_pages_per_seq * 64, " tokens"));
+    }
+    need += std::max<int64_t>(0, (end + 63) / 64 - ch.seq->num_pages());
+    rows += static_cast<int64_t>(ch.tokens.size());
+  }
+  if (rows > 65535) return absl::InvalidArgumentError(absl::StrCat("a step of ", rows, " tokens is above 65535"));
+  if (need > static_cast<int64_t>(im.free_ids.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU KV cache is full: this step needs ", need, " more pages of 64 tokens and ", im.free_ids.size(), " of ",
+        im.total_pages, " are free; end other sessions or give the worker more KV memory"));
+  }
+  // Pages: take, then write the new page-table entries.
+  for (const GpuChunk& ch : chunks) {
+    GpuSequence& seq = *ch.seq;
+    const int64_t want = (seq.num_tokens_ + static_cast<int64_t>(ch.tokens.size()) + 63) / 64;
+    const int64_t have = seq.num_pages();
+    for (int64_t p = have; p < want; ++p) {
+      seq.pages_.push_back(im.free_ids.back());
+      im.free_ids.pop_back();
+    }
+    if (want > have) {
+      STRATA_CUDA_RETURN(cudaMemcpyAsync(im.page_table.as<int>() + seq.slot_ * im.max_pages_per_seq + have,
+                                         seq.pages_.data() + have, (want - have) * sizeof(int),
+                                         cudaMemcpyHostToDevice, im.stream));
+    }
+  }
+  // Per-row arrays, uploaded as one block: positions (i64), then i32 arrays.
+  GpuStep st;
+  st.rows = static_cast<int>(rows);
+  st.chunks = static_cast<int>(chunks.size());
+  std::vector<int64_t> positions;
+  std::vector<int> page_row, tokens, lens;
+  for (const GpuChunk& ch : chunks) {
+    for (size_t t = 0; t < ch.tokens.size(); ++t) {
+      const int64_t pos = ch.seq->num_tokens_ + static_cast<int64_t>(t);
+      positions.push_back(pos);
+      page_row.push_back(ch.seq->slot_);
+      tokens.push_back(embed ? ch.tokens[t] : 0);
+      lens.push_back(static_cast<int>(pos + 1));
+      st.max_len = std::max<int64_t>(st.max_len, pos + 1);
+    }
+  }
+  st.seq_lens = lens;
+  std::vector<int> ints;
+  ints.insert(ints.end(), page_row.begin(), page_row.end());
+  ints.insert(ints.end(), tokens.begin(), tokens.end());
+  ints.insert(ints.end(), lens.begin(), lens.end());
+  const int NH = c.num_heads;
+  cuda::MlaSplitPolicy policy;
+  policy.num_sms = im.num_sms;
+  size_t dense_at = 0, sparse_at = 0;
+  cuda::MlaDecodePlan dense, sparse;
+  if (im.tuned_mla()) {
+    std::vector<int64_t> l64(lens.begin(), lens.end());
+    dense = cuda::PlanMlaDecode(l64.data(), st.rows, NH, policy, false);
+    dense_at = ints.size();
+    ints.insert(ints.end(), dense.work.begin(), dense.work.end());
+    ints.insert(ints.end(), dense.split_offset.begin(), dense.split_offset.end());
+    if (c.has_dsa) {
+      std::vector<int64_t> k64(st.rows, c.index_topk);
+      sparse = cuda::PlanMlaDecode(k64.data(), st.rows, NH, policy, true);
+      sparse_at = ints.size();
+      ints.insert(ints.end(), sparse.work.begin(), sparse.work.end());
+      ints.insert(ints.end(), sparse.split_offset.begin(), sparse.split_offset.end());
+    }
+  }
+  const size_t pos_bytes = positions.size() * sizeof(int64_t);
+  RETURN_IF_ERROR(im.s.step_ints.Reserve(pos_bytes + ints.size() * sizeof(int)));
+  std::vector<char> block(pos_bytes + ints.size() * sizeof(int));
+  std::memcpy(block.data(), positions.data(), pos_bytes);
+  std::memcpy(block.data() + pos_bytes, ints.data(), ints.size() * sizeof(int));
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.step_ints.get(), block.data(), block.size(), cudaMemcpyHostToDevice,
+                                     im.stream));
+  const int* base = reinterpret_cast<const int*>(im.s.step_ints.as<char>() + pos_bytes);
+  st.positions = im.s.step_ints.as<int64_t>();
+  st.page_row = base;
+  st.tokens = base + rows;
+  st.seq_lens_dev = base + 2 * rows;
+  if (im.tuned_mla()) {
+    st.dense_work = base + dense_at;
+    st.dense_split_offset = st.dense_work + dense.work.size();
+    st.dense_num_work = dense.num_work;
+    st.dense_total_splits = dense.total_splits;
+    if (c.has_dsa) {
+      st.sparse_work = base + sparse_at;
+      st.sparse_split_offset = st.sparse_work + sparse.work.size();
+      st.sparse_num_work = sparse.num_work;
+      st.sparse_total_splits = sparse.total_splits;
+    }
+  }
+  RETURN_IF_ERROR(im.s.hidden.Reserve(static_cast<size_t>(rows) * c.hidden_size * sizeof(float)));
+  if (embed) {
+    STRATA_CUDA_RETURN(cuda::LaunchEmbed(im.w->embed.get(), im.w->embed_bf16, st.tokens, st.rows, c.hidden_size,
+                                         im.s.hidden.as<float>(), im.stream));
+  }
+  return st;
+}
+
+void GpuEngine::Commit(absl::Span<const GpuChunk> chunks) {
+  for (const GpuChunk& ch : chunks) ch.seq->num_tokens_ += static_cast<int64_t>(ch.tokens.size());
+}
+
+absl::Status GpuEngine::Forward(absl::Span<const GpuChunk> chunks, bool all_logits, std::vector<float>* logits) {
+  if (!first_stage() || !last_stage()) {
+    return absl::FailedPreconditionError("Forward needs an engine that owns the whole model");
+  }
+  Impl& im = *impl_;
+  ASSIGN_OR_RETURN(GpuStep st, Prepare(chunks, /*embed=*/true));
+  RETURN_IF_ERROR(im.RunLayers(st));
+  const int V = im.c.vocab_size;
+  int n = st.rows;
+  const int* rows_dev = nullptr;
+  std::vector<int> last;
+  if (!all_logits) {
+    int row = 0;
+    for (const GpuChunk& ch : chunks) {
+      row += static_cast<int>(ch.tokens.size());
+      last.push_back(row - 1);
+    }
+    n = static_cast<int>(last.size());
+    RETURN_IF_ERROR(im.s.moe_idx.Reserve(last.size() * sizeof(int)));
+    STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.moe_idx.get(), last.data(), last.size() * sizeof(int),
+                                       cudaMemcpyHostToDevice, im.stream));
+    rows_dev = im.s.moe_idx.as<int>();
+  }
+  RETURN_IF_ERROR(im.s.logits.Reserve(static_cast<size_t>(n) * V * sizeof(float)));
+  RETURN_IF_ERROR(im.Logits(rows_dev, n, im.s.logits.as<float>()));
+  logits->resize(static_cast<size_t>(n) * V);
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(logits->data(), im.s.logits.get(), logits->size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, im.stream));
+  STRATA_CUDA_RETURN(cudaStreamSynchronize(im.stream));
+  Commit(chunks);
+  return absl::OkStatus();
+}
+
+absl::Status GpuEngine::RunStage(absl::Span<const GpuChunk> chunks, std::vector<float>* hidden) {
+  Impl& im = *impl_;
+  const int H = im.c.hidden_size;
+  if (!first_stage()) {
+    int64_t rows = 0;
+    for (const GpuChunk& ch : chunks) rows += static_cast<int64_t>(ch.tokens.size());
+    if (static_cast<int64_t>(hidden->size()) != rows * H) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden has ", hidden->size(), " values, expected ", rows,
+                                                     " rows of ", H));
+    }
+  }
+  ASSIGN_OR_RETURN(GpuStep st, Prepare(chunks, first_stage()));
+  const size_t bytes = static_cast<size_t>(st.rows) * H * sizeof(float);
+  if (!first_stage()) {
+    STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.hidden.get(), hidden->data(), bytes, cudaMemcpyHostToDevice, im.stream));
+  }
+  RETURN_IF_ERROR(im.RunLayers(st));
+  hidden->resize(static_cast<size_t>(st.rows) * H);
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(hidden->data(), im.s.hidden.get(), bytes, cudaMemcpyDeviceToHost, im.stream));
+  STRATA_CUDA_RETURN(cudaStreamSynchronize(im.stream));
+  Commit(chunks);
+  return absl::OkStatus();
+}
+
+absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed) {
+  Impl& im = *impl_;
+  if (seq == nullptr || seq->engine_ != this || seq->num_tokens_ != 0) {
+    return absl::InvalidArgumentError("FillRandomContext needs an empty sequence of this engine");
+  }
+  const int64_t pages = (n_tokens + 63) / 64;
+  if (pages > im.max_pages_per_seq) {
+    return absl::InvalidArgumentError(absl::StrCat(n_tokens, " tokens exceed the engine's per-sequence limit"));
+  }
+  if (pages > static_cast<int64_t>(im.free_ids.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat("GPU KV cache has ", im.free_ids.size(), " free pages, ",
+                                                     pages, " needed"));
+  }
+  for (int64_t p = 0; p < pages; ++p) {
+    seq->pages_.push_back(im.free_ids.back());
+    im.free_ids.pop_back();
+  }
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(im.page_table.as<int>() + seq->slot_ * im.max_pages_per_seq, seq->pages_.data(),
+                                     pages * sizeof(int), cudaMemcpyHostToDevice, im.stream));
+  // Fill the pages' bytes in every layer (each page id is one slab per layer).
+  const int nl = im.num_local_layers();
+  for (int l = 0; l < nl; ++l) {
+    for (int64_t p = 0; p < pages; ++p) {
+      const int id = seq->pages_[p];
+      // Runs of consecutive ids go in one launch.
+      int64_t run = 1;
+      while (p + run < pages && seq->pages_[p + run] == id + run) ++run;
+      STRATA_CUDA_RETURN(cuda::LaunchFillRandomPages(
+          im.mla_base(l) + static_cast<size_t>(id) * im.mla_layout.page_bytes(), run, im.mla_layout.page_bytes(),
+          im.mla_layout.scale_offset(), 128, seed + 7919 * l + id, im.stream));
+      if (im.index_slot[l] >= 0) {
+        STRATA_CUDA_RETURN(cuda::LaunchFillRandomPages(
+            im.index_base(l) + static_cast<size_t>(id) * im.index_layout.page_bytes(), run,
+            im.index_layout.page_bytes(), im.index_layout.scale_offset(), 64, seed + 104729 * l + id, im.stream));
+      }
+      p += run - 1;
+    }
+  }
+  seq->num_tokens_ = n_tokens;
+  return Synchronize();
+}
+
+absl::Status GpuEngine::ReadKvRows(const GpuSequence& seq, int layer, int64_t first, int64_t n,
+                                   std::vector<uint8_t>* rows) {
+  Impl& im = *impl_;
+  if (seq.engine_ != this || layer < 0 || layer >= im.num_local_layers() || first < 0 || n < 0 ||
+      first + n > seq.num_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + n, ") of layer ", layer,
+                                                   " are outside the sequence's ", seq.num_tokens_, " tokens"));
+  }
+  const int L = im.c.kv_lora_rank, R = im.c.qk_rope_head_dim;
+  const size_t row_bytes = L + 4 + R + 4, page_bytes = im.mla_layout.page_bytes();
+  rows->resize(static_cast<size_t>(n) * row_bytes);
+  STRATA_CUDA_RETURN(cudaStreamSynchronize(im.stream));
+  std::vector<uint8_t> page(page_bytes);
+  for (int64_t t = first; t < first + n;) {
+    const int64_t p = t / 64;
+    STRATA_CUDA_RETURN(cudaMemcpy(page.data(), im.mla_base(layer) + static_cast<size_t>(seq.pages_[p]) * page_bytes,
+                                  page_bytes, cudaMemcpyDeviceToHost));
+    for (; t < first + n && t / 64 == p; ++t) {
+      const int slot = static_cast<int>(t % 64);
+      uint8_t* out = rows->data() + static_cast<size_t>(t - first) * row_bytes;
+      std::memcpy(out, page.data() + static_cast<size_t>(slot) * L, L);
+      std::memcpy(out + L, page.data() + im.mla_layout.scale_offset() + 8 * slot, 4);
+      std::memcpy(out + L + 4, page.data() + im.mla_layout.rope_offset() + static_cast<size_t>(slot) * R, R);
+      std::memcpy(out + L + 4 + R, page.data() + im.mla_layout.scale_offset() + 8 * slot + 4, 4);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<std::vector<int>>& GpuEngine::last_selections() const { return impl_->selections; }
+const std::vector<GpuLayerProfile>& GpuEngine::profile() const { return impl_->profile; }
+
+absl::Status GpuEngine::Synchronize() {
+  STRATA_CUDA_RETURN(cudaStreamSynchronize(impl_->stream));
+  return absl::OkStatus();
+}
+
+}  // namespace strata

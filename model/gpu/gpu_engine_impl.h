@@ -1,0 +1,115 @@
+// GpuEngine's internals, shared by gpu_engine.cc (setup, pages, steps) and
+// gpu_layers.cc (the layer math). Internal to model/gpu.
+#ifndef STRATA_MODEL_GPU_GPU_ENGINE_IMPL_H_
+#define STRATA_MODEL_GPU_GPU_ENGINE_IMPL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layer_ops.h"
+#include "model/gpu/device_weights.h"
+#include "model/gpu/gpu_engine.h"
+
+#define STRATA_CUDA_RETURN(expr)                                                               \
+  do {                                                                                         \
+    const cudaError_t strata_cuda_e_ = (expr);                                                 \
+    if (strata_cuda_e_ != cudaSuccess) {                                                       \
+      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(strata_cuda_e_))); \
+    }                                                                                          \
+  } while (0)
+
+namespace strata {
+
+// The rows of one step, on the host and the device.
+struct GpuStep {
+  int rows = 0;
+  int chunks = 0;
+  int64_t max_len = 0;             // max over rows of seq_len
+  std::vector<int> seq_lens;       // host copy, per row
+  const int64_t* positions = nullptr;  // device [rows]
+  const int* page_row = nullptr;       // device [rows]: the row's sequence slot
+  const int* seq_lens_dev = nullptr;   // device [rows]
+  const int* tokens = nullptr;         // device [rows] (first stage)
+  // The tuned decode plan (dense and sparse), when those kernels apply.
+  const int* dense_work = nullptr;
+  const int* dense_split_offset = nullptr;
+  int dense_num_work = 0, dense_total_splits = 0;
+  const int* sparse_work = nullptr;
+  const int* sparse_split_offset = nullptr;
+  int sparse_num_work = 0, sparse_total_splits = 0;
+};
+
+struct GpuEngine::Impl {
+  ModelConfig c;
+  GpuEngineOptions opt;
+  std::unique_ptr<gpu::DModel> w;
+  std::unique_ptr<cuda::GemmRunner> gemm;
+  cudaStream_t stream = nullptr;
+  int num_sms = 132;
+  cuda::MlaPageLayout mla_layout;
+  cuda::IndexPageLayout index_layout;
+  gpu::DeviceBuffer inv_freq;
+  float attention_factor = 1.0f;
+
+  // Pages: one id space; page id p of local layer l lives at
+  // mla_pool + (l * total_pages + p) * page_bytes (index pages likewise,
+  // for the kFull layers only).
+  int64_t total_pages = 0;
+  std::vector<int> free_ids;
+  gpu::DeviceBuffer mla_pool, index_pool;
+  std::vector<int> index_slot;  // per local layer: position among kFull layers, or -1
+  // One row of page ids per live sequence (slot), max_pages_per_seq wide.
+  gpu::DeviceBuffer page_table;
+  int64_t max_pages_per_seq = 0;
+  std::vector<int> free_slots;
+
+  // Scratch, grown on demand.
+  struct Scratch {
+    gpu::DeviceBuffer hidden, xn, delta, q, q_latent, kv, q_abs, q_pe, o_lat, lse, ctx, bf16;
+    gpu::DeviceBuffer idx_q, idx_k, idx_w, scores, topk_ws, indices, partial, ml;
+    gpu::DeviceBuffer step_ints, mlp_g, mlp_u, mlp_act, moe_logits, moe_ids, moe_w, moe_in, moe_out,
+        expert_out, shared_out, moe_idx, logits, last_rows;
+  } s;
+  int64_t topk_ws_rows = -1, topk_ws_stride = -1;
+  std::vector<std::vector<int>> selections;  // record_selections
+  std::vector<GpuLayerProfile> profile;      // profile_layers
+  std::vector<cudaEvent_t> events;
+
+  int num_local_layers() const { return static_cast<int>(w->layers.size()); }
+  bool tuned_mla() const { return opt.tuned_kernels && c.kv_lora_rank == 512 && c.qk_rope_head_dim == 64; }
+  bool tuned_indexer() const {
+    return opt.tuned_kernels && c.index_head_dim == 128 && c.index_n_heads % 8 == 0 && c.index_n_heads <= 64;
+  }
+  uint8_t* mla_base(int local) const {
+    return mla_pool.as<uint8_t>() + static_cast<size_t>(local) * total_pages * mla_layout.page_bytes();
+  }
+  uint8_t* index_base(int local) const {
+    return index_pool.as<uint8_t>() +
+           static_cast<size_t>(index_slot[local]) * total_pages * index_layout.page_bytes();
+  }
+
+  // y[rows][out] = x[rows][in] W^T (+ bias); x is f32 (converted to bf16
+  // for a bf16 layer).
+  absl::Status Linear(const float* x, int rows, const gpu::DLinear& l, float* y);
+  // The batched absorb GEMMs of every head (see gpu_layers.cc).
+  absl::Status Gemm(const cuda::GemmArgs& a);
+
+  absl::Status Attention(const GpuStep& st, int global_layer, int local_layer, const float* x, float* out);
+  absl::Status Mlp(const GpuStep& st, int global_layer, int local_layer, const float* x, float* out);
+  absl::Status RunMlp(const gpu::DMlp& m, int rows, const float* x, float* out);
+  absl::Status Indexer(const GpuStep& st, int local_layer, const float* x, const float* q_latent);
+  absl::Status RunLayers(const GpuStep& st);
+  // logits [rows][vocab] (device) of the hidden rows listed in `rows_dev`
+  // (null: all rows).
+  absl::Status Logits(const int* rows_dev, int n, float* logits);
+};
+
+}  // namespace strata
+
+#endif  // STRATA_MODEL_GPU_GPU_ENGINE_IMPL_H_
