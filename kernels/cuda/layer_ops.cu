@@ -168,6 +168,39 @@ __global__ void AppendIndexKernel(const float* k, int64_t stride, int rows, RowP
   if (lane == 0) reinterpret_cast<float*>(page + layout.scale_offset())[slot] = s;
 }
 
+__global__ void StoreV2RowsKernel(const uint8_t* rows, int64_t n, int64_t first_pos, const int* pages,
+                                  MlaPageLayout layout, uint8_t* pool) {
+  const int64_t i = blockIdx.x;
+  const int L = layout.latent_dim, R = layout.rope_dim;
+  const uint8_t* row = rows + i * (L + 4 + R + 4);
+  const int64_t pos = first_pos + i;
+  uint8_t* page = pool + static_cast<size_t>(pages[pos / 64]) * layout.page_bytes();
+  const int slot = static_cast<int>(pos % 64);
+  for (int j = threadIdx.x; j < L + R + 8; j += blockDim.x) {
+    if (j < L) {
+      page[static_cast<size_t>(slot) * L + j] = row[j];
+    } else if (j < L + R) {
+      page[layout.rope_offset() + static_cast<size_t>(slot) * R + (j - L)] = row[L + 4 + (j - L)];
+    } else if (j < L + R + 4) {  // c_scale bytes
+      page[layout.scale_offset() + 8 * slot + (j - L - R)] = row[L + (j - L - R)];
+    } else {                     // r_scale bytes
+      page[layout.scale_offset() + 8 * slot + 4 + (j - L - R - 4)] = row[L + 4 + R + (j - L - R - 4)];
+    }
+  }
+}
+
+__global__ void LoadIndexKeysKernel(const uint8_t* pool, const int* pages, int64_t first_pos,
+                                    IndexPageLayout layout, float* out) {
+  const int64_t i = blockIdx.x;
+  const int64_t pos = first_pos + i;
+  const uint8_t* page = pool + static_cast<size_t>(pages[pos / 64]) * layout.page_bytes();
+  const int slot = static_cast<int>(pos % 64);
+  const float s = dev::UsableScale(reinterpret_cast<const float*>(page + layout.scale_offset())[slot]);
+  for (int j = threadIdx.x; j < layout.dim; j += blockDim.x) {
+    out[i * layout.dim + j] = dev::DecodeE4m3(page[static_cast<size_t>(slot) * layout.dim + j]) * s;
+  }
+}
+
 // MLA attention: one block per (head, row), kAttThreads tokens per tile; each
 // thread owns latent dims d = tid + i*kAttThreads of the running output.
 constexpr int kAttThreads = 128;
@@ -526,6 +559,22 @@ cudaError_t LaunchAppendIndexKeys(const float* k, int64_t stride, int rows, cons
                                   const IndexPageLayout& layout, uint8_t* pool, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   AppendIndexKernel<<<Blocks(rows, kWarps), kWarps * 32, 0, stream>>>(k, stride, rows, where, layout, pool);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStoreV2Rows(const uint8_t* rows, int64_t n, int64_t first_pos, const int* pages,
+                              const MlaPageLayout& layout, uint8_t* pool, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (n > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  StoreV2RowsKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(rows, n, first_pos, pages, layout, pool);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLoadIndexKeys(const uint8_t* pool, const int* pages, int64_t first_pos, int64_t n,
+                                const IndexPageLayout& layout, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (n > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  LoadIndexKeysKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(pool, pages, first_pos, layout, out);
   return cudaGetLastError();
 }
 

@@ -102,6 +102,18 @@ cudaError_t LaunchAppendMlaRows(const float* latent, const float* rope, int64_t 
                                 const RowPages& where, const MlaPageLayout& layout, uint8_t* pool,
                                 cudaStream_t stream);
 
+// Stores n `.coli_kv` v2 layer rows (latent_dim codes, f32 c_scale,
+// rope_dim codes, f32 r_scale; bytes copied as they are) into the slots of
+// positions first_pos .. first_pos+n-1 of the sequence whose page ids are
+// `pages` (one page-table row).
+cudaError_t LaunchStoreV2Rows(const uint8_t* rows, int64_t n, int64_t first_pos, const int* pages,
+                              const MlaPageLayout& layout, uint8_t* pool, cudaStream_t stream);
+
+// Reads index keys back as floats (code * usable scale, as the CPU keeps
+// them) for positions first_pos .. first_pos+n-1: out [n][dim].
+cudaError_t LaunchLoadIndexKeys(const uint8_t* pool, const int* pages, int64_t first_pos, int64_t n,
+                                const IndexPageLayout& layout, float* out, cudaStream_t stream);
+
 // The same for DSA index keys (dim floats at k + r*stride).
 cudaError_t LaunchAppendIndexKeys(const float* k, int64_t stride, int rows, const RowPages& where,
                                   const IndexPageLayout& layout, uint8_t* pool, cudaStream_t stream);

@@ -109,6 +109,7 @@ GpuEngine::~GpuEngine() {
   if (impl_ && impl_->stream) {
     cudaStreamSynchronize(impl_->stream);
     for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
+    if (impl_->pinned != nullptr) cudaFreeHost(impl_->pinned);
     cudaStreamDestroy(impl_->stream);
   }
 }
@@ -409,6 +410,114 @@ absl::Status GpuEngine::ReadKvRows(const GpuSequence& seq, int layer, int64_t fi
       std::memcpy(out + L + 4 + R, page.data() + im.mla_layout.scale_offset() + 8 * slot + 4, 4);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuEngine::Impl::Grow(std::vector<int>* pages, int slot, int64_t tokens) {
+  const int64_t want = (tokens + 63) / 64, have = static_cast<int64_t>(pages->size());
+  if (want <= have) return absl::OkStatus();
+  if (want > max_pages_per_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("a sequence of ", tokens, " tokens exceeds this engine's limit of ",
+                                                   max_pages_per_seq * 64, " tokens"));
+  }
+  if (want - have > static_cast<int64_t>(free_ids.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat("GPU KV cache is full: ", want - have, " more pages of 64 tokens needed, ",
+                                                     free_ids.size(), " of ", total_pages, " free"));
+  }
+  for (int64_t p = have; p < want; ++p) {
+    pages->push_back(free_ids.back());
+    free_ids.pop_back();
+  }
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(page_table.as<int>() + static_cast<int64_t>(slot) * max_pages_per_seq + have,
+                                     pages->data() + have, (want - have) * sizeof(int), cudaMemcpyHostToDevice,
+                                     stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuEngine::ReadIndexKeys(const GpuSequence& seq, int layer, int64_t first, int64_t n,
+                                      std::vector<float>* keys) {
+  Impl& im = *impl_;
+  if (seq.engine_ != this || layer < 0 || layer >= im.num_local_layers() || im.index_slot[layer] < 0 || first < 0 ||
+      n < 0 || first + n > seq.num_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("no index keys [", first, ", ", first + n, ") in layer ", layer));
+  }
+  const int D = im.c.index_head_dim;
+  RETURN_IF_ERROR(im.s.upload.Reserve(static_cast<size_t>(n) * D * sizeof(float)));
+  STRATA_CUDA_RETURN(cuda::LaunchLoadIndexKeys(im.index_base(layer), im.table_row(seq.slot_), first, n,
+                                               im.index_layout, im.s.upload.as<float>(), im.stream));
+  keys->resize(static_cast<size_t>(n) * D);
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(keys->data(), im.s.upload.get(), keys->size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, im.stream));
+  return Synchronize();
+}
+
+absl::Status GpuEngine::AppendStoredRows(GpuSequence* seq, int64_t n, absl::Span<const std::vector<uint8_t>> rows,
+                                         absl::Span<const std::vector<float>> index_keys) {
+  Impl& im = *impl_;
+  const int nl = im.num_local_layers();
+  const size_t row_bytes = im.c.kv_lora_rank + 4 + im.c.qk_rope_head_dim + 4;
+  const size_t key_floats = static_cast<size_t>(n) * im.c.index_head_dim;
+  if (seq == nullptr || seq->engine_ != this || n < 0) return absl::InvalidArgumentError("bad sequence or count");
+  if (static_cast<int>(rows.size()) != nl || static_cast<int>(index_keys.size()) != nl) {
+    return absl::InvalidArgumentError(absl::StrCat("stored rows for ", rows.size(), " layers, the engine has ", nl));
+  }
+  for (int l = 0; l < nl; ++l) {
+    const size_t want_keys = im.index_slot[l] >= 0 ? key_floats : 0;
+    if (rows[l].size() != n * row_bytes || index_keys[l].size() != want_keys) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": ", rows[l].size(), " row bytes and ",
+                                                     index_keys[l].size(), " key values, expected ", n * row_bytes,
+                                                     " and ", want_keys));
+    }
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t first = seq->num_tokens_;
+  RETURN_IF_ERROR(im.Grow(&seq->pages_, seq->slot_, first + n));
+  // Positions and the page-table row, then every layer's rows and keys
+  // (each block 16-byte aligned): one pinned buffer, one copy.
+  std::vector<size_t> row_at(nl), key_at(nl);
+  size_t at = cuda::Align16(static_cast<size_t>(n) * (sizeof(int64_t) + sizeof(int)));
+  for (int l = 0; l < nl; ++l) {
+    row_at[l] = at;
+    at = cuda::Align16(at + rows[l].size());
+    key_at[l] = at;
+    at = cuda::Align16(at + index_keys[l].size() * sizeof(float));
+  }
+  const size_t total = at;
+  STRATA_CUDA_RETURN(cudaStreamSynchronize(im.stream));  // the staging buffer is free
+  if (im.pinned_bytes < total) {
+    if (im.pinned != nullptr) cudaFreeHost(im.pinned);
+    im.pinned = nullptr;
+    im.pinned_bytes = 0;
+    STRATA_CUDA_RETURN(cudaHostAlloc(&im.pinned, total, cudaHostAllocDefault));
+    im.pinned_bytes = total;
+  }
+  char* h = static_cast<char*>(im.pinned);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = first + i;
+    std::memcpy(h + i * sizeof(int64_t), &pos, sizeof(int64_t));
+    std::memcpy(h + n * sizeof(int64_t) + i * sizeof(int), &seq->slot_, sizeof(int));
+  }
+  for (int l = 0; l < nl; ++l) {
+    std::memcpy(h + row_at[l], rows[l].data(), rows[l].size());
+    std::memcpy(h + key_at[l], index_keys[l].data(), index_keys[l].size() * sizeof(float));
+  }
+  RETURN_IF_ERROR(im.s.upload.Reserve(total));
+  char* d = im.s.upload.as<char>();
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, im.stream));
+  const cuda::RowPages where{reinterpret_cast<const int64_t*>(d),
+                             reinterpret_cast<const int*>(d + n * sizeof(int64_t)), im.page_table.as<int>(),
+                             im.max_pages_per_seq};
+  for (int l = 0; l < nl; ++l) {
+    STRATA_CUDA_RETURN(cuda::LaunchStoreV2Rows(reinterpret_cast<const uint8_t*>(d + row_at[l]), n, first,
+                                               im.table_row(seq->slot_), im.mla_layout, im.mla_base(l), im.stream));
+    if (im.index_slot[l] >= 0) {
+      STRATA_CUDA_RETURN(cuda::LaunchAppendIndexKeys(reinterpret_cast<const float*>(d + key_at[l]),
+                                                     im.c.index_head_dim, static_cast<int>(n), where,
+                                                     im.index_layout, im.index_base(l), im.stream));
+    }
+  }
+  RETURN_IF_ERROR(Synchronize());
+  seq->num_tokens_ += n;
   return absl::OkStatus();
 }
 

@@ -136,6 +136,20 @@ class GpuEngine {
   absl::Status ReadKvRows(const GpuSequence& seq, int layer, int64_t first, int64_t n,
                           std::vector<uint8_t>* rows);
 
+  // The indexer keys of positions [first, first + n) of local layer `layer`
+  // (a kFull layer), as the f32 values the cache holds (code * scale):
+  // [n][index_head_dim].
+  absl::Status ReadIndexKeys(const GpuSequence& seq, int layer, int64_t first, int64_t n, std::vector<float>* keys);
+
+  // Appends n tokens of stored cache to `seq` without recomputation (a
+  // resumed session): rows[l] holds n v2 layer rows of local layer l, copied
+  // byte for byte; index_keys[l] n x index_head_dim values for kFull layers
+  // (empty for others), quantised again, which gives back the codes and
+  // scales they were read from. Staged through pinned memory, one copy.
+  // Errors: INVALID_ARGUMENT (sizes), RESOURCE_EXHAUSTED (pages).
+  absl::Status AppendStoredRows(GpuSequence* seq, int64_t n, absl::Span<const std::vector<uint8_t>> rows,
+                                absl::Span<const std::vector<float>> index_keys);
+
   // With record_selections: per local layer with an indexer (kFull), the
   // last step's selected positions, [rows][index_topk] increasing with -1
   // padding; empty for other layers.

@@ -74,14 +74,20 @@ struct GpuEngine::Impl {
     gpu::DeviceBuffer hidden, xn, delta, q, q_latent, kv, q_abs, q_pe, o_lat, lse, ctx, bf16;
     gpu::DeviceBuffer idx_q, idx_k, idx_w, scores, topk_ws, indices, partial, ml;
     gpu::DeviceBuffer step_ints, mlp_g, mlp_u, mlp_act, moe_logits, moe_ids, moe_w, moe_in, moe_out,
-        expert_out, shared_out, moe_idx, logits, last_rows;
+        expert_out, shared_out, moe_idx, logits, last_rows, upload;
   } s;
   int64_t topk_ws_rows = -1, topk_ws_stride = -1;
   std::vector<std::vector<int>> selections;  // record_selections
   std::vector<GpuLayerProfile> profile;      // profile_layers
   std::vector<cudaEvent_t> events;
+  void* pinned = nullptr;  // host staging of AppendStoredRows (cudaHostAlloc)
+  size_t pinned_bytes = 0;
 
   int num_local_layers() const { return static_cast<int>(w->layers.size()); }
+  const int* table_row(int slot) const { return page_table.as<int>() + static_cast<int64_t>(slot) * max_pages_per_seq; }
+  // Takes pages so that `seq` covers `tokens` positions; RESOURCE_EXHAUSTED
+  // (nothing taken) when too few are free.
+  absl::Status Grow(std::vector<int>* pages, int slot, int64_t tokens);
   bool tuned_mla() const { return opt.tuned_kernels && c.kv_lora_rank == 512 && c.qk_rope_head_dim == 64; }
   bool tuned_indexer() const {
     return opt.tuned_kernels && c.index_head_dim == 128 && c.index_n_heads % 8 == 0 && c.index_n_heads <= 64;

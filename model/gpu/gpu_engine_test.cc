@@ -291,24 +291,28 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtureTest, ::testing::ValuesIn(FixtureDi
                          });
 
 // A tiny model with DeepSeek's attention shapes (latent 512, rope 64, index
-// dim 128, 8 index heads) so the tuned decode and indexer kernels run.
-std::string DeepseekShapedModel(int topk) {
-  const fs::path d = fs::path(::testing::TempDir()) / ("gpu_engine_test_ds_shaped_" + std::to_string(topk));
+// dim 128, 8 index heads) so the tuned decode and indexer kernels run. Dense
+// MLPs only: a random router flips experts under the tuned kernels' bf16
+// rounding, which would hide what these tests measure (the fixtures cover MoE).
+std::string DeepseekShapedModel(int topk, int layers = 3) {
+  const fs::path d = fs::path(::testing::TempDir()) /
+                     ("gpu_engine_test_ds_shaped_" + std::to_string(topk) + "_" + std::to_string(layers));
   if (fs::exists(d / "model.safetensors")) return d.string();
   fs::create_directories(d);
   std::string config = R"({
     "model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"],
     "vocab_size": 320, "hidden_size": 256, "intermediate_size": 384, "moe_intermediate_size": 64,
-    "num_hidden_layers": 3, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "num_hidden_layers": LAYERS, "num_attention_heads": 16, "num_key_value_heads": 16,
     "q_lora_rank": 96, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
     "v_head_dim": 32, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
     "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
-    "first_k_dense_replace": 1, "moe_layer_freq": 1, "rms_norm_eps": 1e-6,
+    "first_k_dense_replace": LAYERS, "moe_layer_freq": 1, "rms_norm_eps": 1e-6,
     "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": null,
     "index_n_heads": 8, "index_head_dim": 128, "index_topk": TOPK,
     "attention_bias": false, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1
   })";
   config.replace(config.find("TOPK"), 4, std::to_string(topk));
+  for (size_t at; (at = config.find("LAYERS")) != std::string::npos;) config.replace(at, 6, std::to_string(layers));
   const absl::Status s = WriteRandomModel(d.string(), config, {});
   EXPECT_TRUE(s.ok()) << s;
   return d.string();
@@ -325,9 +329,12 @@ std::vector<int> RandomTokens(int n, int vocab, uint32_t seed) {
 // logits depend on the attention kernels alone: the generic kernels match
 // the CPU to f32 rounding, the tuned ones (bf16 tensor cores on queries
 // and probabilities, docs/gpu-kernels.md) to the kernels' own criterion.
+// One layer: in a random multi-layer model the tuned kernels' 0.3 %
+// rounding is amplified from layer to layer (to 20-50 % of max|logit| by
+// layer 3 for some seeds, measured), which says nothing about the kernels.
 TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
   SKIP_WITHOUT_DEVICE();
-  const std::string dir = DeepseekShapedModel(256);
+  const std::string dir = DeepseekShapedModel(256, 1);
   const uint32_t seed = std::random_device{}();
   const std::vector<int> tokens = RandomTokens(150, 320, seed);
   const CpuRun cpu = RunCpu(dir, tokens, 100);
@@ -354,9 +361,7 @@ TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
                 tuned ? "tuned" : "generic", rel, cosine, seed);
     EXPECT_LE(rel, tuned ? 2e-2f : 1e-3f) << "seed " << seed;
     EXPECT_GE(cosine, tuned ? 0.9995 : 0.999999) << "seed " << seed;
-    // Layer 0's rows come before any attention; later layers' inputs carry
-    // the tuned kernels' bf16 rounding.
-    const CodeDiff cd = CompareCaches(cpu, gpu, 512, 64, tuned ? 1 : SIZE_MAX);
+    const CodeDiff cd = CompareCaches(cpu, gpu, 512, 64);
     EXPECT_LE(cd.differing, cd.codes / 1000);
   }
 }
@@ -502,6 +507,61 @@ TEST(GpuEngineTest, BatchInvariantAndPrefillEqualsDecode) {
     }
     ASSERT_EQ(mixed.size(), alone.size());
     EXPECT_EQ(std::memcmp(mixed.data(), alone.data(), alone.size() * sizeof(float)), 0) << dir;
+  }
+}
+
+// Save (ReadKvRows, ReadIndexKeys) and resume (AppendStoredRows) give the
+// stored bytes back and the same next logits, bit for bit.
+TEST(GpuEngineTest, StoredRowsResumeBitExactly) {
+  SKIP_WITHOUT_DEVICE();
+  for (const std::string& dir : {FixtureDirs()[0], FixtureDirs()[1], DeepseekShapedModel(64)}) {
+    GpuEngineOptions opt;
+    opt.kv_cache_bytes = 128 << 20;
+    auto engine = GpuEngine::Load(dir, opt);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const ModelConfig& c = (*engine)->config();
+    const std::vector<int> toks = RandomTokens(90, c.vocab_size, 11);
+    const int P = 77;
+    auto a = (*engine)->NewSequence();
+    std::vector<float> la, lb;
+    GpuChunk ca{a->get(), absl::MakeConstSpan(toks).subspan(0, P)};
+    ASSERT_TRUE((*engine)->Forward({&ca, 1}, false, &la).ok());
+    std::vector<std::vector<uint8_t>> rows(c.num_layers);
+    std::vector<std::vector<float>> keys(c.num_layers);
+    for (int l = 0; l < c.num_layers; ++l) {
+      ASSERT_TRUE((*engine)->ReadKvRows(**a, l, 0, P, &rows[l]).ok());
+      if (c.layers[l].indexer == IndexerMode::kFull) ASSERT_TRUE((*engine)->ReadIndexKeys(**a, l, 0, P, &keys[l]).ok());
+    }
+    auto b = (*engine)->NewSequence();
+    // Another sequence first, so b's pages are other page ids than a's.
+    auto other = (*engine)->NewSequence();
+    GpuChunk co{other->get(), absl::MakeConstSpan(toks).subspan(0, 70)};
+    ASSERT_TRUE((*engine)->Forward({&co, 1}, false, &lb).ok());
+    const absl::Status st = (*engine)->AppendStoredRows(b->get(), P, rows, keys);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ((*b)->num_tokens(), P);
+    for (int l = 0; l < c.num_layers; ++l) {
+      std::vector<uint8_t> back;
+      ASSERT_TRUE((*engine)->ReadKvRows(**b, l, 0, P, &back).ok());
+      EXPECT_EQ(back, rows[l]) << dir << " layer " << l;
+      if (!keys[l].empty()) {
+        std::vector<float> kb;
+        ASSERT_TRUE((*engine)->ReadIndexKeys(**b, l, 0, P, &kb).ok());
+        EXPECT_EQ(std::memcmp(kb.data(), keys[l].data(), kb.size() * sizeof(float)), 0) << dir << " layer " << l;
+      }
+    }
+    for (int t = P; t < 90; ++t) {
+      GpuChunk na{a->get(), absl::MakeConstSpan(toks).subspan(t, 1)};
+      GpuChunk nb{b->get(), absl::MakeConstSpan(toks).subspan(t, 1)};
+      ASSERT_TRUE((*engine)->Forward({&na, 1}, false, &la).ok());
+      ASSERT_TRUE((*engine)->Forward({&nb, 1}, false, &lb).ok());
+      ASSERT_EQ(la.size(), lb.size());
+      EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << dir << " position " << t;
+    }
+    // Wrong sizes are refused and change nothing.
+    rows[0].pop_back();
+    EXPECT_EQ((*engine)->AppendStoredRows(b->get(), P, rows, keys).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*b)->num_tokens(), 90);
   }
 }
 
