@@ -254,7 +254,9 @@ TEST_P(GpuFixtureTest, F32ModeMatchesCpuEngine) {
       ++compared;
     }
   }
-  if (c.has_dsa) EXPECT_GT(compared, 0);
+  if (c.has_dsa) {
+    EXPECT_GT(compared, 0);
+  }
 }
 
 TEST_P(GpuFixtureTest, Bf16ModeTopTokenAgreement) {
