@@ -137,6 +137,9 @@ int Up(const std::vector<std::string>& args) {
   flags.Declare("no-kvstore", "run without a KV store (sessions are not persisted)", true);
   flags.Declare("kv-dtype", "KV cache dtype: fp8 (default) or f32");
   flags.Declare("worker-threads", "engine threads per worker (default 1)");
+  flags.Declare("device", "where workers run their layers: cpu (default) or gpu (every worker on GPU 0)");
+  flags.Declare("gpu-kv-bytes", "with --device gpu: KV bytes each worker reserves on the GPU (default 1073741824)");
+  flags.Declare("gpu-gemm", "with --device gpu: bf16 (default) or f32 GEMMs (a test mode matching the CPU engine)");
   flags.Declare("placement", "manual placement, e.g. 0-1:w0,2-3:w1");
   flags.Declare("max-running", "sequences generating at once (default 64)");
   flags.Declare("bin-dir", "directory holding strata-coordinator, strata-worker, strata-kvstore");
@@ -162,6 +165,12 @@ int Up(const std::vector<std::string>& args) {
   const std::string bin_dir = flags.Get("bin-dir");
   const std::string coord_bin = FindBinary(bin_dir, "strata-coordinator", "coordinator");
   const std::string worker_bin = FindBinary(bin_dir, "strata-worker", "worker");
+  const std::string device = flags.Get("device", "cpu");
+  if (device != "cpu" && device != "gpu") return Fail("--device must be cpu or gpu, not '" + device + "'", 2);
+  const bool gpu = device == "gpu";
+  if (!gpu && (flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm"))) {
+    return Fail("--gpu-kv-bytes and --gpu-gemm need --device gpu", 2);
+  }
   const std::string kv_bin = FindBinary(bin_dir, "strata-kvstore", "kvstore");
   if (coord_bin.empty() || worker_bin.empty()) {
     return Fail("cannot find strata-coordinator and strata-worker next to strata; give --bin-dir", 2);
@@ -217,8 +226,13 @@ int Up(const std::vector<std::string>& args) {
   }
   for (int i = 0; i < *workers; ++i) {
     const std::string name = absl::StrCat("w", i);
-    pid_t pid = Spawn({worker_bin, "--coordinator", address, "--name", name, "--threads", absl::StrCat(*threads)},
-                      open("/dev/null", O_WRONLY));
+    std::vector<std::string> wargs = {worker_bin, "--coordinator", address, "--name", name, "--threads",
+                                      absl::StrCat(*threads)};
+    if (gpu) {
+      wargs.insert(wargs.end(), {"--device", "gpu", "--gpu-kv-bytes", flags.Get("gpu-kv-bytes", "1073741824"),
+                                 "--gpu-gemm", flags.Get("gpu-gemm", "bf16")});
+    }
+    pid_t pid = Spawn(wargs, open("/dev/null", O_WRONLY));
     g_children.push_back({"strata-worker " + name, pid});
   }
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());

@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
   flags.Declare("threads", "engine threads (default 0: one per core)");
   flags.Declare("max-chunk-bytes", "largest hidden-state payload per message (default 1048576)");
   flags.Declare("debug-step-delay-ms", "test hook: sleep this long before each batch (default 0)");
+  flags.Declare("device", "where the layers run: cpu (default) or gpu (docs/gpu-engine.md)");
+  flags.Declare("gpu", "with --device gpu: the CUDA device index (default 0)");
+  flags.Declare("gpu-kv-bytes", "with --device gpu: device bytes reserved for the KV cache (default 4294967296)");
+  flags.Declare("gpu-gemm", "with --device gpu: bf16 (default) or f32 GEMMs (a test mode matching the CPU engine)");
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
   if (flags.Has("help")) {
@@ -67,6 +71,24 @@ int main(int argc, char** argv) {
   auto delay = flags.GetInt("debug-step-delay-ms", 0);
   if (!delay.ok() || *delay < 0 || *delay > 10000) return Usage("--debug-step-delay-ms must be in [0, 10000]", flags);
   ho.debug_step_delay_ms = static_cast<int>(*delay);
+  const std::string device = flags.Get("device", "cpu");
+  if (device != "cpu" && device != "gpu") return Usage("--device must be cpu or gpu, not '" + device + "'", flags);
+  ho.gpu = device == "gpu";
+  if (ho.gpu && !strata::worker::DeviceStage::Built()) {
+    return Usage("--device gpu: this strata-worker was built without CUDA (rebuild where nvcc is installed)", flags);
+  }
+  auto gpu_index = flags.GetInt("gpu", 0);
+  auto kv_bytes = flags.GetInt("gpu-kv-bytes", int64_t{4} << 30);
+  if (!gpu_index.ok() || *gpu_index < 0 || *gpu_index > 1023) return Usage("--gpu must be a device index", flags);
+  if (!kv_bytes.ok() || *kv_bytes < 65536) return Usage("--gpu-kv-bytes must be at least 65536", flags);
+  if (!ho.gpu && (flags.Has("gpu") || flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm"))) {
+    return Usage("--gpu, --gpu-kv-bytes and --gpu-gemm need --device gpu", flags);
+  }
+  const std::string gemm = flags.Get("gpu-gemm", "bf16");
+  if (gemm != "bf16" && gemm != "f32") return Usage("--gpu-gemm must be bf16 or f32, not '" + gemm + "'", flags);
+  ho.gpu_options.f32_gemm = gemm == "f32";
+  ho.gpu_options.device = static_cast<int>(*gpu_index);
+  ho.gpu_options.kv_cache_bytes = *kv_bytes;
   auto host = std::make_unique<strata::worker::StageHost>(ho);
   grpc::Server* server_ptr = nullptr;
   strata::worker::WorkerService service(host.get(), [&server_ptr](bool ready) {

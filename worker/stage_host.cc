@@ -1,6 +1,7 @@
 #include "worker/stage_host.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -58,16 +59,32 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
     std::lock_guard<std::mutex> l(mu_);
     ready_ = false;
   }
+  if (options_.gpu && req.kv_dtype() == v1::KV_DTYPE_F32) {
+    return absl::InvalidArgumentError(absl::StrCat(options_.name, " runs its layers on a GPU, which keeps the KV "
+                                                   "cache in fp8; assign it with kv dtype fp8"));
+  }
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<DeviceStage> device;
   {
     // Reuse the loaded engine when only the epoch or the neighbours changed.
     std::lock_guard<std::mutex> s(state_mu_);
-    if (engine_ && request_.model_dir() == req.model_dir() && request_.layer_begin() == req.layer_begin() &&
+    if (loaded() && request_.model_dir() == req.model_dir() && request_.layer_begin() == req.layer_begin() &&
         request_.layer_end() == req.layer_end() && request_.kv_dtype() == req.kv_dtype()) {
       engine = std::move(engine_);
+      if (device_) seqs_.clear();  // device sequences go before their engine
+      device = std::move(device_);
     }
   }
-  if (!engine) {
+  if (options_.gpu && !device) {
+    {
+      // The old stage's sequences and pages go before a new one is loaded.
+      std::lock_guard<std::mutex> s(state_mu_);
+      seqs_.clear();
+      device_.reset();
+    }
+    ASSIGN_OR_RETURN(device, DeviceStage::Create(req.model_dir(), req.layer_begin(), req.layer_end(),
+                                                 options_.gpu_options));
+  } else if (!options_.gpu && !engine) {
     ASSIGN_OR_RETURN(engine, Engine::Load(req.model_dir(), eo));
   }
   std::unique_ptr<StageLink> old_link;
@@ -77,12 +94,13 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
   std::map<uint64_t, Seq> old_seqs;
   {
     std::lock_guard<std::mutex> s(state_mu_);
-    engine_ = std::move(engine);
     old_seqs.swap(seqs_);
+    engine_ = std::move(engine);
+    device_ = std::move(device);
     request_ = req;
     old_link = std::move(link_);
     ++link_generation_;
-    layout_ = MakeSliceLayout(engine_->config(), req.layer_begin(), req.layer_end());
+    layout_ = MakeSliceLayout(config(), req.layer_begin(), req.layer_end());
     if (kvstore_ && kvstore_->address() != req.kvstore_address()) old_kvstore = std::move(kvstore_);
     if (!kvstore_ && !req.kvstore_address().empty()) {
       KvStoreClientOptions ko;
@@ -95,7 +113,7 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
     orphaned.swap(pending_);
     epoch_ = req.epoch();
     ready_ = true;
-    resp->set_weight_bytes(static_cast<int64_t>(engine_->weight_bytes()));
+    resp->set_weight_bytes(static_cast<int64_t>(weight_bytes()));
     UpdateStatsLocked();
   }
   old_link.reset();
@@ -149,7 +167,7 @@ void StageHost::RunBatch(Work& w) {
   std::unique_lock<std::mutex> s(state_mu_);
   const int stage = request_.stage();
   const uint64_t id = w.batch.header.batch_id();
-  if (!engine_) {
+  if (!loaded()) {
     Fail(w.sink, id, absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned")), stage);
     return;
   }
@@ -178,7 +196,7 @@ void StageHost::RunBatch(Work& w) {
     stats_.set_batches(stats_.batches() + 1);
     UpdateStatsLocked();
   }
-  if (engine_->last_stage()) {
+  if (last_stage()) {
     if (id != 0) w.sink->Send(std::move(result));
     return;
   }
@@ -187,7 +205,7 @@ void StageHost::RunBatch(Work& w) {
     return;
   }
   v1::StageBatch header = std::move(w.batch.header);
-  header.set_hidden_size(header.chunks_size() > 0 ? engine_->config().hidden_size : 0);
+  header.set_hidden_size(header.chunks_size() > 0 ? config().hidden_size : 0);
   if (id != 0) {
     std::lock_guard<std::mutex> l(mu_);
     pending_[id] = w.sink;
@@ -207,11 +225,9 @@ void StageHost::RunBatch(Work& w) {
 }
 
 absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
-  Engine& e = *engine_;
-  const ModelConfig& cfg = e.config();
+  const ModelConfig& cfg = config();
   const int H = cfg.hidden_size;
   const v1::StageBatch& h = batch.header;
-  std::vector<SeqChunk> chunks;
   std::vector<int> all_tokens;
   std::vector<std::vector<int>> chunk_tokens(h.chunks_size());
   int rows = 0;
@@ -224,11 +240,17 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
         return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " is unknown on stage ",
                                                           request_.stage(), " but the chunk starts at ", c.start()));
       }
-      it = seqs_.emplace(c.seq_id(), Seq{e.NewSequence(), nullptr, -1, nullptr}).first;
+      Seq fresh;
+      if (device_) {
+        ASSIGN_OR_RETURN(fresh.dev, device_->NewSequence());
+      } else {
+        fresh.kv = engine_->NewSequence();
+      }
+      it = seqs_.emplace(c.seq_id(), std::move(fresh)).first;
     }
     Seq& seq = it->second;
-    if (seq.kv->num_tokens() != c.start()) {
-      return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " holds ", seq.kv->num_tokens(),
+    if (Tokens(seq) != c.start()) {
+      return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " holds ", Tokens(seq),
                                                         " tokens on stage ", request_.stage(),
                                                         " but the chunk starts at ", c.start()));
     }
@@ -244,17 +266,34 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " says ", h.total_rows(),
                                                    " rows but its chunks hold ", rows, " tokens"));
   }
-  for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].kv.get(), chunk_tokens[i]});
-  if (e.first_stage()) {
-    batch.hidden.assign(static_cast<size_t>(rows) * H, 0.0f);
-    RETURN_IF_ERROR(e.Embed(all_tokens, batch.hidden.data()));
-  } else if (h.hidden_size() != H || batch.hidden.size() != static_cast<size_t>(rows) * H) {
+  const bool first = device_ ? device_->first_stage() : engine_->first_stage();
+  if (!first && (h.hidden_size() != H || batch.hidden.size() != static_cast<size_t>(rows) * H)) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " carries rows of ", h.hidden_size(),
                                                    " floats; this model's hidden size is ", H));
   }
-  RETURN_IF_ERROR(e.RunLayers(chunks, batch.hidden.data()));
-  for (int i = 0; i < h.chunks_size(); ++i) PersistLocked(h.chunks(i), chunk_tokens[i], seqs_[h.chunks(i).seq_id()]);
-  if (!e.last_stage()) return absl::OkStatus();
+  if (device_) {
+    std::vector<DeviceChunk> chunks;
+    for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].dev.get(), chunk_tokens[i]});
+    if (absl::Status st = device_->Run(chunks, &batch.hidden); !st.ok()) {
+      if (st.code() == absl::StatusCode::kResourceExhausted) {
+        std::fprintf(stderr, "%s: batch %llu refused: %s\n", options_.name.c_str(),
+                     static_cast<unsigned long long>(h.batch_id()), std::string(st.message()).c_str());
+      }
+      return st;
+    }
+  } else {
+    std::vector<SeqChunk> chunks;
+    for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].kv.get(), chunk_tokens[i]});
+    if (first) {
+      batch.hidden.assign(static_cast<size_t>(rows) * H, 0.0f);
+      RETURN_IF_ERROR(engine_->Embed(all_tokens, batch.hidden.data()));
+    }
+    RETURN_IF_ERROR(engine_->RunLayers(chunks, batch.hidden.data()));
+  }
+  for (int i = 0; i < h.chunks_size(); ++i) {
+    RETURN_IF_ERROR(PersistLocked(h.chunks(i), chunk_tokens[i], seqs_[h.chunks(i).seq_id()]));
+  }
+  if (!last_stage()) return absl::OkStatus();
 
   // Last stage: sample one token for every chunk that asks for it.
   std::vector<float> last_rows;
@@ -280,7 +319,11 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   if (sample_chunks.empty()) return absl::OkStatus();
   const int V = cfg.vocab_size;
   std::vector<float> logits(sample_chunks.size() * static_cast<size_t>(V));
-  RETURN_IF_ERROR(e.Logits(last_rows.data(), static_cast<int>(sample_chunks.size()), logits.data()));
+  if (device_) {
+    RETURN_IF_ERROR(device_->Logits(last_rows.data(), static_cast<int>(sample_chunks.size()), &logits));
+  } else {
+    RETURN_IF_ERROR(engine_->Logits(last_rows.data(), static_cast<int>(sample_chunks.size()), logits.data()));
+  }
   for (size_t k = 0; k < sample_chunks.size(); ++k) {
     const v1::StageChunk& c = h.chunks(sample_chunks[k]);
     Seq& seq = seqs_[c.seq_id()];
@@ -370,8 +413,19 @@ int64_t StageHost::Free(const std::vector<uint64_t>& ids, bool all) {
   return FreeLocked(ids, all);
 }
 
-void StageHost::PersistLocked(const v1::StageChunk& c, const std::vector<int>& tokens, Seq& seq) {
-  if (!c.persist() || c.session_id().empty() || !kvstore_) return;
+std::unique_ptr<SequenceKv> StageHost::NewMirror() const {
+  const ModelConfig& c = config();
+  return std::make_unique<SequenceKv>(request_.layer_end() - request_.layer_begin(), c.kv_lora_rank,
+                                      c.qk_rope_head_dim, c.index_head_dim, KvDtype::kFp8, /*fp8_index=*/true);
+}
+
+absl::Status StageHost::PersistLocked(const v1::StageChunk& c, const std::vector<int>& tokens, Seq& seq) {
+  if (!c.persist() || c.session_id().empty() || !kvstore_) return absl::OkStatus();
+  if (seq.dev) {
+    // The appender reads rows from a host cache: copy the new rows down.
+    if (!seq.kv) seq.kv = NewMirror();
+    RETURN_IF_ERROR(device_->MirrorRows(*seq.dev, seq.kv.get()));
+  }
   if (!seq.persist) {
     AppenderSpec spec;
     spec.session_id = c.session_id();
@@ -382,6 +436,7 @@ void StageHost::PersistLocked(const v1::StageChunk& c, const std::vector<int>& t
     seq.persist = kvstore_->OpenAppender(spec);
   }
   seq.persist->Append(c.start(), tokens, *seq.kv);
+  return absl::OkStatus();
 }
 
 absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadSessionResponse* resp) {
@@ -397,7 +452,7 @@ absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadS
   uint64_t fingerprint = 0;
   {
     std::lock_guard<std::mutex> s(state_mu_);
-    if (!engine_) return absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned"));
+    if (!loaded()) return absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned"));
     if (req.epoch() != request_.epoch()) {
       return absl::AbortedError(absl::StrCat("LoadSession for epoch ", req.epoch(), " on a stage of epoch ",
                                              request_.epoch()));
@@ -406,11 +461,11 @@ absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadS
       return absl::FailedPreconditionError(
           absl::StrCat(options_.name, " has no KV store (the coordinator runs without --kvstore)"));
     }
-    if (req.tokens() >= engine_->config().max_position_embeddings) {
+    if (req.tokens() >= config().max_position_embeddings) {
       return absl::InvalidArgumentError(absl::StrCat("cannot load ", req.tokens(), " tokens: the context is ",
-                                                     engine_->config().max_position_embeddings));
+                                                     config().max_position_embeddings));
     }
-    kv = engine_->NewSequence();
+    kv = device_ ? NewMirror() : engine_->NewSequence();
     client = kvstore_;
     layout = layout_;
     fingerprint = request_.model_fingerprint();
@@ -434,9 +489,19 @@ absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadS
     return absl::AbortedError(absl::StrCat("the stage was re-assigned (epoch ", request_.epoch(),
                                            ") while loading session '", req.session_id(), "'"));
   }
-  resp->set_tokens(kv->num_tokens());
+  const int64_t loaded_tokens = kv->num_tokens();
+  Seq seq;
+  if (device_) {
+    // Upload the rows to the device; keep the host copy only for the store.
+    ASSIGN_OR_RETURN(seq.dev, device_->NewSequence());
+    RETURN_IF_ERROR(device_->Upload(*kv, seq.dev.get()));
+    if (!req.persist()) kv.reset();
+  }
+  resp->set_tokens(loaded_tokens);
   resp->mutable_token_ids()->Add(ids.begin(), ids.end());
-  seqs_[req.seq_id()] = Seq{std::move(kv), nullptr, -1, std::move(appender)};
+  seq.kv = std::move(kv);
+  seq.persist = std::move(appender);
+  seqs_[req.seq_id()] = std::move(seq);
   std::lock_guard<std::mutex> l(mu_);
   UpdateStatsLocked();
   return absl::OkStatus();
@@ -451,12 +516,17 @@ void StageHost::UpdateStatsLocked() {
   stats_.set_sequences(static_cast<int64_t>(seqs_.size()));
   int64_t pages = 0, bytes = 0;
   for (const auto& [id, s] : seqs_) {
+    if (s.dev) {
+      pages += s.dev->num_pages() * (request_.layer_end() - request_.layer_begin());
+      bytes += s.dev->num_pages() * device_->page_bytes();
+      continue;
+    }
     pages += static_cast<int64_t>((s.kv->num_tokens() + kPageTokens - 1) / kPageTokens) * s.kv->num_layers();
     bytes += static_cast<int64_t>(s.kv->bytes());
   }
   stats_.set_kv_pages(pages);
   stats_.set_kv_bytes(bytes);
-  if (engine_) stats_.set_weight_bytes(static_cast<int64_t>(engine_->weight_bytes()));
+  if (loaded()) stats_.set_weight_bytes(static_cast<int64_t>(weight_bytes()));
   if (kvstore_) stats_.set_kv_rows_persisted(kvstore_->rows_committed());
 }
 

@@ -32,6 +32,7 @@
 #include "model/engine.h"
 #include "model/sampler.h"
 #include "strata/v1/worker.pb.h"
+#include "worker/device_stage.h"
 #include "worker/kv_persist.h"
 #include "worker/stage_link.h"
 #include "worker/stage_wire.h"
@@ -56,6 +57,9 @@ struct StageHostOptions {
   // Test hook: sleep this long before each batch (0: never), so that tests
   // can act while a stream is running on a tiny model.
   int debug_step_delay_ms = 0;
+  // Run the layers on a GPU (docs/gpu-engine.md) instead of the CPU engine.
+  bool gpu = false;
+  DeviceStageOptions gpu_options;
 };
 
 class StageHost {
@@ -90,14 +94,17 @@ class StageHost {
 
  private:
   struct Seq {
+    // The cache (CPU), or on a GPU stage the host mirror of the rows for the
+    // KV store (null until the sequence persists).
     std::unique_ptr<SequenceKv> kv;
+    std::unique_ptr<DeviceSequence> dev;  // GPU stage: the cache
     std::unique_ptr<Sampler> sampler;
     int logprobs = -1;
     std::unique_ptr<KvAppender> persist;  // rows to the KV store
   };
   // A sequence whose rows go to the KV store gets an appender on its first
   // persisted chunk.
-  void PersistLocked(const v1::StageChunk& chunk, const std::vector<int>& tokens, Seq& seq);
+  absl::Status PersistLocked(const v1::StageChunk& chunk, const std::vector<int>& tokens, Seq& seq);
   struct Work {
     Batch batch;
     std::shared_ptr<ResultSink> sink;
@@ -113,11 +120,20 @@ class StageHost {
   absl::Status EnsureLinkLocked();
   int64_t FreeLocked(const std::vector<uint64_t>& ids, bool all);
   void UpdateStatsLocked();
+  // The loaded stage, CPU or GPU (REQUIRES: state_mu_ held, loaded()).
+  bool loaded() const { return engine_ || device_; }
+  const ModelConfig& config() const { return device_ ? device_->config() : engine_->config(); }
+  bool last_stage() const { return device_ ? device_->last_stage() : engine_->last_stage(); }
+  uint64_t weight_bytes() const { return device_ ? device_->weight_bytes() : engine_->weight_bytes(); }
+  static int64_t Tokens(const Seq& s) { return s.dev ? s.dev->num_tokens() : s.kv->num_tokens(); }
+  // An empty host cache of this stage's layers in the KV store's form.
+  std::unique_ptr<SequenceKv> NewMirror() const;
 
   const StageHostOptions options_;
 
   std::mutex state_mu_;  // engine_, seqs_, request_, link_
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<DeviceStage> device_;  // instead of engine_ on a GPU stage
   std::map<uint64_t, Seq> seqs_;
   v1::AssignLayersRequest request_;
   std::unique_ptr<StageLink> link_;

@@ -92,7 +92,9 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   }
   for (int64_t p = im->total_pages - 1; p >= 0; --p) im->free_ids.push_back(static_cast<int>(p));
   const int64_t max_ctx_pages = (std::max<int64_t>(c.max_position_embeddings, 64) + 63) / 64;
-  im->max_pages_per_seq = std::min(im->total_pages, max_ctx_pages);
+  // The context limit, not the pool: a sequence the pool cannot hold now
+  // gets RESOURCE_EXHAUSTED, one beyond the model's context INVALID_ARGUMENT.
+  im->max_pages_per_seq = max_ctx_pages;
   ASSIGN_OR_RETURN(im->page_table, gpu::DeviceBuffer::Alloc(static_cast<size_t>(opt.max_sequences) *
                                                             im->max_pages_per_seq * sizeof(int)));
   for (int i = opt.max_sequences - 1; i >= 0; --i) im->free_slots.push_back(i);
@@ -340,6 +342,22 @@ absl::Status GpuEngine::RunStage(absl::Span<const GpuChunk> chunks, std::vector<
   STRATA_CUDA_RETURN(cudaStreamSynchronize(im.stream));
   Commit(chunks);
   return absl::OkStatus();
+}
+
+absl::Status GpuEngine::Logits(const float* hidden, int rows, std::vector<float>* logits) {
+  if (!last_stage()) return absl::FailedPreconditionError("Logits called on a stage without lm_head");
+  if (rows <= 0) return absl::InvalidArgumentError("Logits needs at least one row");
+  Impl& im = *impl_;
+  const size_t bytes = static_cast<size_t>(rows) * im.c.hidden_size * sizeof(float);
+  RETURN_IF_ERROR(im.s.hidden.Reserve(bytes));
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.hidden.get(), hidden, bytes, cudaMemcpyHostToDevice, im.stream));
+  const int V = im.c.vocab_size;
+  RETURN_IF_ERROR(im.s.logits.Reserve(static_cast<size_t>(rows) * V * sizeof(float)));
+  RETURN_IF_ERROR(im.Logits(nullptr, rows, im.s.logits.as<float>()));
+  logits->resize(static_cast<size_t>(rows) * V);
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(logits->data(), im.s.logits.get(), logits->size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, im.stream));
+  return Synchronize();
 }
 
 absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed) {

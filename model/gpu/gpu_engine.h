@@ -126,6 +126,10 @@ class GpuEngine {
   // memory). The first stage embeds `tokens` instead of reading hidden.
   absl::Status RunStage(absl::Span<const GpuChunk> chunks, std::vector<float>* hidden);
 
+  // logits [rows][vocab] = lm_head(norm(hidden)) for host rows of a stage's
+  // output. Last stage only.
+  absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits);
+
   // Benchmarks: gives `seq` (empty) n_tokens of random cache rows in every
   // layer, as if a context of that length had been prefilled.
   absl::Status FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed);

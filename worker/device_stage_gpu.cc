@@ -1,0 +1,130 @@
+// DeviceStage on a GpuEngine.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "model/gpu/gpu_engine.h"
+#include "worker/device_stage.h"
+
+namespace strata::worker {
+namespace {
+
+class GpuSeqHandle : public DeviceSequence {
+ public:
+  explicit GpuSeqHandle(std::unique_ptr<GpuSequence> s) : seq(std::move(s)) {}
+  int64_t num_tokens() const override { return seq->num_tokens(); }
+  int64_t num_pages() const override { return seq->num_pages(); }
+  std::unique_ptr<GpuSequence> seq;
+};
+
+GpuSequence* Unwrap(DeviceSequence* s) { return static_cast<GpuSeqHandle*>(s)->seq.get(); }
+const GpuSequence& Unwrap(const DeviceSequence& s) { return *static_cast<const GpuSeqHandle&>(s).seq; }
+
+class GpuStage : public DeviceStage {
+ public:
+  GpuStage(std::unique_ptr<GpuEngine> e, int layer_begin, int64_t page_bytes)
+      : e_(std::move(e)), layer_begin_(layer_begin), page_bytes_(page_bytes) {}
+
+  const ModelConfig& config() const override { return e_->config(); }
+  bool first_stage() const override { return e_->first_stage(); }
+  bool last_stage() const override { return e_->last_stage(); }
+  uint64_t weight_bytes() const override { return e_->weight_bytes(); }
+  int64_t page_bytes() const override { return page_bytes_; }
+
+  absl::StatusOr<std::unique_ptr<DeviceSequence>> NewSequence() override {
+    ASSIGN_OR_RETURN(auto s, e_->NewSequence());
+    return std::unique_ptr<DeviceSequence>(new GpuSeqHandle(std::move(s)));
+  }
+
+  absl::Status Run(absl::Span<const DeviceChunk> chunks, std::vector<float>* hidden) override {
+    std::vector<GpuChunk> g;
+    for (const DeviceChunk& c : chunks) g.push_back({Unwrap(c.seq), c.tokens});
+    return e_->RunStage(g, hidden);
+  }
+
+  absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits) override {
+    return e_->Logits(hidden, rows, logits);
+  }
+
+  absl::Status MirrorRows(const DeviceSequence& dseq, SequenceKv* kv) override {
+    const GpuSequence& seq = Unwrap(dseq);
+    const ModelConfig& c = e_->config();
+    const int64_t first = kv->num_tokens(), n = seq.num_tokens() - first;
+    if (n <= 0) return absl::OkStatus();
+    const int L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+    const size_t row = L + 4 + R + 4;
+    std::vector<uint8_t> rows;
+    std::vector<float> keys;
+    for (int l = 0; l < kv->num_layers(); ++l) {
+      RETURN_IF_ERROR(e_->ReadKvRows(seq, l, first, n, &rows));
+      const bool indexed = IsIndexed(l);
+      if (indexed) RETURN_IF_ERROR(e_->ReadIndexKeys(seq, l, first, n, &keys));
+      for (int64_t t = 0; t < n; ++t) {
+        const uint8_t* r = &rows[t * row];
+        float cs, rs;
+        std::memcpy(&cs, r + L, 4);
+        std::memcpy(&rs, r + L + 4 + R, 4);
+        kv->AppendQuantizedRow(l, r, cs, r + L + 4, rs);
+        if (indexed) kv->AppendStoredIndexKey(l, &keys[t * c.index_head_dim]);
+      }
+    }
+    kv->Commit(static_cast<int>(n));
+    return absl::OkStatus();
+  }
+
+  absl::Status Upload(const SequenceKv& kv, DeviceSequence* dseq) override {
+    const ModelConfig& c = e_->config();
+    const int nl = kv.num_layers(), L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+    const int64_t n = kv.num_tokens();
+    const size_t row = L + 4 + R + 4;
+    std::vector<std::vector<uint8_t>> rows(nl);
+    std::vector<std::vector<float>> keys(nl);
+    for (int l = 0; l < nl; ++l) {
+      const LayerKv& k = kv.layer(l);
+      if (static_cast<int64_t>(k.c_scale.size()) != n) {
+        return absl::InternalError("a session loaded for the GPU must hold fp8 rows");
+      }
+      rows[l].resize(n * row);
+      for (int64_t t = 0; t < n; ++t) {
+        uint8_t* r = &rows[l][t * row];
+        std::memcpy(r, &k.c_codes[t * L], L);
+        std::memcpy(r + L, &k.c_scale[t], 4);
+        std::memcpy(r + L + 4, &k.r_codes[t * R], R);
+        std::memcpy(r + L + 4 + R, &k.r_scale[t], 4);
+      }
+      if (IsIndexed(l)) keys[l] = k.index_k;
+    }
+    return e_->AppendStoredRows(Unwrap(dseq), n, rows, keys);
+  }
+
+ private:
+  bool IsIndexed(int local) const {
+    const ModelConfig& c = e_->config();
+    const int g = layer_begin_ + local;
+    return g < c.num_layers && c.layers[g].indexer == IndexerMode::kFull;
+  }
+
+  std::unique_ptr<GpuEngine> e_;
+  int layer_begin_;
+  int64_t page_bytes_;
+};
+
+}  // namespace
+
+bool DeviceStage::Built() { return true; }
+
+absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::string& model_dir, int layer_begin,
+                                                                 int layer_end, const DeviceStageOptions& options) {
+  GpuEngineOptions o;
+  o.layer_begin = layer_begin;
+  o.layer_end = layer_end;
+  o.kv_cache_bytes = options.kv_cache_bytes;
+  o.device = options.device;
+  o.f32_gemm = options.f32_gemm;
+  ASSIGN_OR_RETURN(auto engine, GpuEngine::Load(model_dir, o));
+  const int64_t page_bytes = options.kv_cache_bytes / std::max<int64_t>(1, engine->total_pages());
+  return std::unique_ptr<DeviceStage>(new GpuStage(std::move(engine), layer_begin, page_bytes));
+}
+
+}  // namespace strata::worker
