@@ -113,8 +113,12 @@ class Builder {
 
   absl::StatusOr<DMlp> Mlp(const MlpWeights* src, int hidden, int inter, cuda::GemmType t) {
     DMlp m;
-    ASSIGN_OR_RETURN(m.gate, Linear(src ? &src->gate : nullptr, inter, hidden, false, t, "mlp.gate_proj"));
-    ASSIGN_OR_RETURN(m.up, Linear(src ? &src->up : nullptr, inter, hidden, false, t, "mlp.up_proj"));
+    LinearWeights stacked;
+    if (src != nullptr) {
+      stacked.w = src->gate.w;
+      stacked.w.insert(stacked.w.end(), src->up.w.begin(), src->up.w.end());
+    }
+    ASSIGN_OR_RETURN(m.gate_up, Linear(src ? &stacked : nullptr, 2 * inter, hidden, false, t, "mlp.gate_up_proj"));
     ASSIGN_OR_RETURN(m.down, Linear(src ? &src->down : nullptr, hidden, inter, false, t, "mlp.down_proj"));
     return m;
   }

@@ -51,8 +51,10 @@ struct DLinear {
   const float* bias() const { return b.bytes() ? b.as<float>() : nullptr; }
 };
 
+// gate_proj and up_proj stacked into one [2 * inter][hidden] Linear (one
+// GEMM), then down_proj.
 struct DMlp {
-  DLinear gate, up, down;
+  DLinear gate_up, down;
 };
 
 struct DLayer {

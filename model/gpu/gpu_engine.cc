@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   STRATA_CUDA_RETURN(cudaSetDevice(opt.device));
   STRATA_CUDA_RETURN(cudaDeviceGetAttribute(&im->num_sms, cudaDevAttrMultiProcessorCount, opt.device));
   STRATA_CUDA_RETURN(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
+  STRATA_CUDA_RETURN(cudaEventCreateWithFlags(&im->ids_ready, cudaEventDisableTiming));
   const cuda::GemmType type = opt.f32_gemm ? cuda::GemmType::kF32 : cuda::GemmType::kBF16;
   ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
                                                 opt.layer_end == c.num_layers, type, host, seed));
@@ -112,6 +113,8 @@ GpuEngine::~GpuEngine() {
     cudaStreamSynchronize(impl_->stream);
     for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
     if (impl_->pinned != nullptr) cudaFreeHost(impl_->pinned);
+    if (impl_->pinned_ids != nullptr) cudaFreeHost(impl_->pinned_ids);
+    if (impl_->ids_ready != nullptr) cudaEventDestroy(impl_->ids_ready);
     cudaStreamDestroy(impl_->stream);
   }
 }

@@ -73,7 +73,7 @@ struct GpuEngine::Impl {
   struct Scratch {
     gpu::DeviceBuffer hidden, xn, delta, q, q_latent, kv, q_abs, q_pe, o_lat, lse, ctx, bf16;
     gpu::DeviceBuffer idx_q, idx_k, idx_w, scores, topk_ws, indices, partial, ml;
-    gpu::DeviceBuffer step_ints, mlp_g, mlp_u, mlp_act, moe_logits, moe_ids, moe_w, moe_in, moe_out,
+    gpu::DeviceBuffer step_ints, mlp_g, mlp_act, moe_logits, moe_ids, moe_w, moe_in, moe_out,
         expert_out, shared_out, moe_idx, logits, last_rows, upload;
   } s;
   int64_t topk_ws_rows = -1, topk_ws_stride = -1;
@@ -82,6 +82,9 @@ struct GpuEngine::Impl {
   std::vector<cudaEvent_t> events;
   void* pinned = nullptr;  // host staging of AppendStoredRows (cudaHostAlloc)
   size_t pinned_bytes = 0;
+  int* pinned_ids = nullptr;  // the router's expert ids on the host (cudaHostAlloc)
+  size_t pinned_ids_count = 0;
+  cudaEvent_t ids_ready = nullptr;
 
   int num_local_layers() const { return static_cast<int>(w->layers.size()); }
   const int* table_row(int slot) const { return page_table.as<int>() + static_cast<int64_t>(slot) * max_pages_per_seq; }

@@ -273,14 +273,13 @@ absl::Status GpuEngine::Impl::Attention(const GpuStep& st, int g, int l, const f
 }
 
 absl::Status GpuEngine::Impl::RunMlp(const gpu::DMlp& m, int rows, const float* x, float* out) {
-  const int inter = m.gate.out;
-  RETURN_IF_ERROR(Reserve<float>(s.mlp_g, int64_t{rows} * inter));
-  RETURN_IF_ERROR(Reserve<float>(s.mlp_u, int64_t{rows} * inter));
+  const int inter = m.gate_up.out / 2;
+  RETURN_IF_ERROR(Reserve<float>(s.mlp_g, int64_t{rows} * 2 * inter));
   RETURN_IF_ERROR(Reserve<float>(s.mlp_act, int64_t{rows} * inter));
-  RETURN_IF_ERROR(Linear(x, rows, m.gate, s.mlp_g.as<float>()));
-  RETURN_IF_ERROR(Linear(x, rows, m.up, s.mlp_u.as<float>()));
-  STRATA_CUDA_RETURN(cuda::LaunchSiluMul(s.mlp_g.as<float>(), s.mlp_u.as<float>(), rows, inter, inter,
-                                         s.mlp_act.as<float>(), stream));
+  float* gu = s.mlp_g.as<float>();  // row r: gate [0, inter), up [inter, 2 inter)
+  RETURN_IF_ERROR(Linear(x, rows, m.gate_up, gu));
+  STRATA_CUDA_RETURN(cuda::LaunchSiluMul(gu, gu + inter, rows, inter, 2 * int64_t{inter}, s.mlp_act.as<float>(),
+                                         stream));
   return Linear(s.mlp_act.as<float>(), rows, m.down, out);
 }
 
@@ -307,11 +306,27 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
   rp.expert_weights = s.moe_w.as<float>();
   STRATA_CUDA_RETURN(cuda::LaunchMoeRoute(rp, stream));
 
-  // Dispatch on the host: each expert's rows run as one batch.
-  std::vector<int> ids(static_cast<size_t>(rows) * K);
-  STRATA_CUDA_RETURN(cudaMemcpyAsync(ids.data(), s.moe_ids.get(), ids.size() * sizeof(int), cudaMemcpyDeviceToHost,
+  // Dispatch on the host: each expert's rows run as one batch. The ids come
+  // down while the device runs the shared experts.
+  const size_t n_ids = static_cast<size_t>(rows) * K;
+  if (pinned_ids_count < n_ids) {
+    if (pinned_ids != nullptr) cudaFreeHost(pinned_ids);
+    pinned_ids = nullptr;
+    pinned_ids_count = 0;
+    STRATA_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&pinned_ids), n_ids * sizeof(int), cudaHostAllocDefault));
+    pinned_ids_count = n_ids;
+  }
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(pinned_ids, s.moe_ids.get(), n_ids * sizeof(int), cudaMemcpyDeviceToHost,
                                      stream));
-  STRATA_CUDA_RETURN(cudaStreamSynchronize(stream));
+  STRATA_CUDA_RETURN(cudaEventRecord(ids_ready, stream));
+  const float* shared = nullptr;
+  if (c.n_shared_experts > 0) {
+    RETURN_IF_ERROR(Reserve<float>(s.shared_out, int64_t{rows} * H));
+    RETURN_IF_ERROR(RunMlp(d.shared, rows, x, s.shared_out.as<float>()));
+    shared = s.shared_out.as<float>();
+  }
+  STRATA_CUDA_RETURN(cudaEventSynchronize(ids_ready));
+  const std::vector<int> ids(pinned_ids, pinned_ids + n_ids);
   std::vector<int> count(E, 0);
   for (int id : ids) {
     if (id < 0 || id >= E) return absl::InternalError("router produced an expert id out of range");
@@ -346,12 +361,6 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
   }
   STRATA_CUDA_RETURN(cuda::LaunchScatterRows(s.moe_out.as<float>(), s.moe_idx.as<int>() + n, n, H,
                                              s.expert_out.as<float>(), stream));
-  const float* shared = nullptr;
-  if (c.n_shared_experts > 0) {
-    RETURN_IF_ERROR(Reserve<float>(s.shared_out, int64_t{rows} * H));
-    RETURN_IF_ERROR(RunMlp(d.shared, rows, x, s.shared_out.as<float>()));
-    shared = s.shared_out.as<float>();
-  }
   STRATA_CUDA_RETURN(cuda::LaunchMoeCombine(s.expert_out.as<float>(), s.moe_w.as<float>(), shared, rows, K, H, out,
                                             stream));
   return absl::OkStatus();
