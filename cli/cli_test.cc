@@ -87,6 +87,31 @@ TEST_F(CliTest, BadInputGivesAClearError) {
   EXPECT_EQ(Strata("frobnicate").code, 2);
 }
 
+// `strata up --device gpu` as a user without a GPU meets it: a clear reason
+// and exit 1 (a CUDA build without a device, or a build without CUDA). On a
+// GPU machine the cluster becomes ready instead (stopped by the timeout).
+TEST(CliUpTest, GpuFlagsAreCheckedAndAMissingGpuIsExplained) {
+  EXPECT_EQ(Strata("up --device tpu").code, 2);
+  EXPECT_EQ(Strata("up --gpu-kv-bytes 1000000").code, 2);
+  EXPECT_EQ(Strata("up --gpu-gemm f32").code, 2);
+  const std::string cmd = "timeout 30 " + std::string(STRATA_BINARY_DIR) + "/cli/strata up --device gpu --workers 1 " +
+                          "--no-kvstore --port 0 --ready-timeout 5 --model " + STRATA_SOURCE_DIR + "/models/demo 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (out.rfind("ready ", 0) == 0 || out.find("\nready ") != std::string::npos) {
+    GTEST_SKIP() << "a GPU is present: the cluster started";
+  }
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_TRUE(out.find("no CUDA device is visible") != std::string::npos ||
+              out.find("built without CUDA") != std::string::npos)
+      << out;
+}
+
 // The demo model ships with a tokenizer: generate streams text, --json gives
 // the documented object, the same seed gives the same tokens.
 TEST(CliDemoTest, GenerateFromTheDemoModel) {
