@@ -238,20 +238,31 @@ absl::StatusOr<GpuStep> GpuEngine::Prepare(absl::Span<const GpuChunk> chunks, bo
   const int NH = c.num_heads;
   cuda::MlaSplitPolicy policy;
   policy.num_sms = im.num_sms;
-  size_t dense_at = 0, sparse_at = 0;
-  cuda::MlaDecodePlan dense, sparse;
+  // Per block of rows: the dense and sparse plans and their offsets (ints).
+  struct BlockPlans {
+    size_t dense_at = 0, sparse_at = 0;
+    cuda::MlaDecodePlan dense, sparse;
+  };
+  std::vector<BlockPlans> plans;
   if (im.tuned_mla()) {
-    std::vector<int64_t> l64(lens.begin(), lens.end());
-    dense = cuda::PlanMlaDecode(l64.data(), st.rows, NH, policy, false);
-    dense_at = ints.size();
-    ints.insert(ints.end(), dense.work.begin(), dense.work.end());
-    ints.insert(ints.end(), dense.split_offset.begin(), dense.split_offset.end());
-    if (c.has_dsa) {
-      std::vector<int64_t> k64(st.rows, c.index_topk);
-      sparse = cuda::PlanMlaDecode(k64.data(), st.rows, NH, policy, true);
-      sparse_at = ints.size();
-      ints.insert(ints.end(), sparse.work.begin(), sparse.work.end());
-      ints.insert(ints.end(), sparse.split_offset.begin(), sparse.split_offset.end());
+    for (int r0 = 0; r0 < st.rows; r0 += kAttentionBlockRows) {
+      const int n = std::min(kAttentionBlockRows, st.rows - r0);
+      BlockPlans bp;
+      const std::vector<int64_t> l64(lens.begin() + r0, lens.begin() + r0 + n);
+      bp.dense = cuda::PlanMlaDecode(l64.data(), n, NH, policy, false);
+      bp.dense_at = ints.size();
+      ints.insert(ints.end(), bp.dense.work.begin(), bp.dense.work.end());
+      ints.insert(ints.end(), bp.dense.split_offset.begin(), bp.dense.split_offset.end());
+      st.max_total_splits = std::max(st.max_total_splits, bp.dense.total_splits);
+      if (c.has_dsa) {
+        const std::vector<int64_t> k64(n, c.index_topk);
+        bp.sparse = cuda::PlanMlaDecode(k64.data(), n, NH, policy, true);
+        bp.sparse_at = ints.size();
+        ints.insert(ints.end(), bp.sparse.work.begin(), bp.sparse.work.end());
+        ints.insert(ints.end(), bp.sparse.split_offset.begin(), bp.sparse.split_offset.end());
+        st.max_total_splits = std::max(st.max_total_splits, bp.sparse.total_splits);
+      }
+      plans.push_back(std::move(bp));
     }
   }
   const size_t pos_bytes = positions.size() * sizeof(int64_t);
@@ -266,17 +277,16 @@ absl::StatusOr<GpuStep> GpuEngine::Prepare(absl::Span<const GpuChunk> chunks, bo
   st.page_row = base;
   st.tokens = base + rows;
   st.seq_lens_dev = base + 2 * rows;
-  if (im.tuned_mla()) {
-    st.dense_work = base + dense_at;
-    st.dense_split_offset = st.dense_work + dense.work.size();
-    st.dense_num_work = dense.num_work;
-    st.dense_total_splits = dense.total_splits;
-    if (c.has_dsa) {
-      st.sparse_work = base + sparse_at;
-      st.sparse_split_offset = st.sparse_work + sparse.work.size();
-      st.sparse_num_work = sparse.num_work;
-      st.sparse_total_splits = sparse.total_splits;
-    }
+  auto plan_at = [&](size_t at, const cuda::MlaDecodePlan& p) {
+    return GpuStep::Plan{base + at, base + at + p.work.size(), p.num_work, p.total_splits};
+  };
+  for (size_t i = 0; i < plans.size(); ++i) {
+    GpuStep::Block b;
+    b.row_begin = static_cast<int>(i) * kAttentionBlockRows;
+    b.rows = std::min(kAttentionBlockRows, st.rows - b.row_begin);
+    b.dense = plan_at(plans[i].dense_at, plans[i].dense);
+    if (c.has_dsa) b.sparse = plan_at(plans[i].sparse_at, plans[i].sparse);
+    st.blocks.push_back(b);
   }
   RETURN_IF_ERROR(im.s.hidden.Reserve(static_cast<size_t>(rows) * c.hidden_size * sizeof(float)));
   if (embed) {

@@ -36,14 +36,23 @@ struct GpuStep {
   const int* page_row = nullptr;       // device [rows]: the row's sequence slot
   const int* seq_lens_dev = nullptr;   // device [rows]
   const int* tokens = nullptr;         // device [rows] (first stage)
-  // The tuned decode plan (dense and sparse), when those kernels apply.
-  const int* dense_work = nullptr;
-  const int* dense_split_offset = nullptr;
-  int dense_num_work = 0, dense_total_splits = 0;
-  const int* sparse_work = nullptr;
-  const int* sparse_split_offset = nullptr;
-  int sparse_num_work = 0, sparse_total_splits = 0;
+  // The tuned decode kernel's plans, when it applies: rows run in blocks of
+  // at most kAttentionBlockRows (a prefill chunk is one request per row), so
+  // the split partials stay bounded; per block a dense and a sparse plan.
+  struct Plan {
+    const int* work = nullptr;
+    const int* split_offset = nullptr;
+    int num_work = 0, total_splits = 0;
+  };
+  struct Block {
+    int row_begin = 0, rows = 0;
+    Plan dense, sparse;
+  };
+  std::vector<Block> blocks;
+  int max_total_splits = 0;  // over blocks and both plans
 };
+
+inline constexpr int kAttentionBlockRows = 64;
 
 struct GpuEngine::Impl {
   ModelConfig c;

@@ -481,7 +481,7 @@ TEST(GpuEngineTest, BatchInvariantAndPrefillEqualsDecode) {
     auto engine = GpuEngine::Load(dir, opt);
     ASSERT_TRUE(engine.ok()) << engine.status();
     const int V = (*engine)->config().vocab_size;
-    const std::vector<int> a = RandomTokens(40, V, 7), b = RandomTokens(29, V, 8);
+    const std::vector<int> a = RandomTokens(150, V, 7), b = RandomTokens(29, V, 8);  // 150: three attention blocks
     // a alone, one prefill.
     std::vector<float> alone;
     {

@@ -200,34 +200,38 @@ absl::Status GpuEngine::Impl::Attention(const GpuStep& st, int g, int l, const f
     STRATA_CUDA_RETURN(cudaMemcpy2DAsync(s.q_pe.get(), R * sizeof(float), q + NOPE, QK * sizeof(float),
                                          R * sizeof(float), static_cast<size_t>(rows) * NH, cudaMemcpyDeviceToDevice,
                                          stream));
-    const int total = sparse ? st.sparse_total_splits : st.dense_total_splits;
-    RETURN_IF_ERROR(Reserve<float>(s.partial, cuda::MlaPartialFloats(total, NH)));
-    RETURN_IF_ERROR(Reserve<float>(s.ml, int64_t{total} * NH * 2));
+    RETURN_IF_ERROR(Reserve<float>(s.partial, cuda::MlaPartialFloats(st.max_total_splits, NH)));
+    RETURN_IF_ERROR(Reserve<float>(s.ml, int64_t{st.max_total_splits} * NH * 2));
     RETURN_IF_ERROR(Reserve<float>(s.lse, int64_t{rows} * NH));
-    cuda::MlaDecodeParams p;
-    p.q_abs = s.q_abs.get();
-    p.q_pe = s.q_pe.get();
-    p.q_is_bf16 = false;
-    p.batch = rows;
-    p.heads = NH;
-    p.softmax_scale = static_cast<float>(c.softmax_scale);
-    p.pool = mla_base(l);
-    p.page_table = page_table.as<int>();
-    p.page_table_stride = max_pages_per_seq;
-    p.page_row = st.page_row;
-    p.seq_lens = st.seq_lens_dev;
-    if (sparse) {
-      p.indices = s.indices.as<int>();
-      p.index_stride = c.index_topk;
+    // Blocks of rows one after the other: the partials are reused.
+    for (const GpuStep::Block& blk : st.blocks) {
+      const int64_t r0 = blk.row_begin;
+      const GpuStep::Plan& plan = sparse ? blk.sparse : blk.dense;
+      cuda::MlaDecodeParams p;
+      p.q_abs = s.q_abs.as<float>() + r0 * NH * L;
+      p.q_pe = s.q_pe.as<float>() + r0 * NH * R;
+      p.q_is_bf16 = false;
+      p.batch = blk.rows;
+      p.heads = NH;
+      p.softmax_scale = static_cast<float>(c.softmax_scale);
+      p.pool = mla_base(l);
+      p.page_table = page_table.as<int>();
+      p.page_table_stride = max_pages_per_seq;
+      p.page_row = st.page_row + r0;
+      p.seq_lens = st.seq_lens_dev + r0;
+      if (sparse) {
+        p.indices = s.indices.as<int>() + r0 * c.index_topk;
+        p.index_stride = c.index_topk;
+      }
+      p.work = plan.work;
+      p.num_work = plan.num_work;
+      p.split_offset = plan.split_offset;
+      p.o_partial = s.partial.as<float>();
+      p.ml_partial = s.ml.as<float>();
+      p.out = s.o_lat.as<float>() + r0 * NH * L;
+      p.lse = s.lse.as<float>() + r0 * NH;
+      STRATA_CUDA_RETURN(cuda::LaunchMlaDecode(p, stream));
     }
-    p.work = sparse ? st.sparse_work : st.dense_work;
-    p.num_work = sparse ? st.sparse_num_work : st.dense_num_work;
-    p.split_offset = sparse ? st.sparse_split_offset : st.dense_split_offset;
-    p.o_partial = s.partial.as<float>();
-    p.ml_partial = s.ml.as<float>();
-    p.out = s.o_lat.as<float>();
-    p.lse = s.lse.as<float>();
-    STRATA_CUDA_RETURN(cuda::LaunchMlaDecode(p, stream));
   } else {
     cuda::MlaAttendParams p;
     p.q_abs = s.q_abs.as<float>();
