@@ -110,6 +110,7 @@ GpuEngine::GpuEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 GpuEngine::~GpuEngine() {
   if (impl_ && impl_->stream) {
+    cudaSetDevice(impl_->opt.device);
     cudaStreamSynchronize(impl_->stream);
     for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
     if (impl_->pinned != nullptr) cudaFreeHost(impl_->pinned);
@@ -301,6 +302,7 @@ void GpuEngine::Commit(absl::Span<const GpuChunk> chunks) {
 }
 
 absl::Status GpuEngine::Forward(absl::Span<const GpuChunk> chunks, bool all_logits, std::vector<float>* logits) {
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   if (!first_stage() || !last_stage()) {
     return absl::FailedPreconditionError("Forward needs an engine that owns the whole model");
   }
@@ -335,6 +337,7 @@ absl::Status GpuEngine::Forward(absl::Span<const GpuChunk> chunks, bool all_logi
 
 absl::Status GpuEngine::RunStage(absl::Span<const GpuChunk> chunks, std::vector<float>* hidden) {
   Impl& im = *impl_;
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   const int H = im.c.hidden_size;
   if (!first_stage()) {
     int64_t rows = 0;
@@ -358,6 +361,7 @@ absl::Status GpuEngine::RunStage(absl::Span<const GpuChunk> chunks, std::vector<
 }
 
 absl::Status GpuEngine::Logits(const float* hidden, int rows, std::vector<float>* logits) {
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   if (!last_stage()) return absl::FailedPreconditionError("Logits called on a stage without lm_head");
   if (rows <= 0) return absl::InvalidArgumentError("Logits needs at least one row");
   Impl& im = *impl_;
@@ -375,6 +379,7 @@ absl::Status GpuEngine::Logits(const float* hidden, int rows, std::vector<float>
 
 absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed) {
   Impl& im = *impl_;
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   if (seq == nullptr || seq->engine_ != this || seq->num_tokens_ != 0) {
     return absl::InvalidArgumentError("FillRandomContext needs an empty sequence of this engine");
   }
@@ -418,6 +423,7 @@ absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, ui
 absl::Status GpuEngine::ReadKvRows(const GpuSequence& seq, int layer, int64_t first, int64_t n,
                                    std::vector<uint8_t>* rows) {
   Impl& im = *impl_;
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   if (seq.engine_ != this || layer < 0 || layer >= im.num_local_layers() || first < 0 || n < 0 ||
       first + n > seq.num_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + n, ") of layer ", layer,
@@ -468,6 +474,7 @@ absl::Status GpuEngine::Impl::Grow(std::vector<int>* pages, int slot, int64_t to
 absl::Status GpuEngine::ReadIndexKeys(const GpuSequence& seq, int layer, int64_t first, int64_t n,
                                       std::vector<float>* keys) {
   Impl& im = *impl_;
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   if (seq.engine_ != this || layer < 0 || layer >= im.num_local_layers() || im.index_slot[layer] < 0 || first < 0 ||
       n < 0 || first + n > seq.num_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("no index keys [", first, ", ", first + n, ") in layer ", layer));
@@ -485,6 +492,7 @@ absl::Status GpuEngine::ReadIndexKeys(const GpuSequence& seq, int layer, int64_t
 absl::Status GpuEngine::AppendStoredRows(GpuSequence* seq, int64_t n, absl::Span<const std::vector<uint8_t>> rows,
                                          absl::Span<const std::vector<float>> index_keys) {
   Impl& im = *impl_;
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   const int nl = im.num_local_layers();
   const size_t row_bytes = im.c.kv_lora_rank + 4 + im.c.qk_rope_head_dim + 4;
   const size_t key_floats = static_cast<size_t>(n) * im.c.index_head_dim;
@@ -556,6 +564,7 @@ const std::vector<std::vector<int>>& GpuEngine::last_selections() const { return
 const std::vector<GpuLayerProfile>& GpuEngine::profile() const { return impl_->profile; }
 
 absl::Status GpuEngine::Synchronize() {
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
   STRATA_CUDA_RETURN(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();
 }

@@ -16,8 +16,9 @@
 // kernels/cuda/mla_decode.h and dsa_indexer.h when the shapes are DeepSeek's
 // (latent 512, rope 64, index dim 128), else the generic kernels.
 //
-// Thread-compatible: one thread drives an engine (and its sequences) at a
-// time. Sequences must be destroyed before their engine.
+// Thread-compatible: one thread at a time drives an engine (and its
+// sequences), which thread does not matter (each call selects the engine's
+// device). Sequences must be destroyed before their engine.
 #ifndef STRATA_MODEL_GPU_GPU_ENGINE_H_
 #define STRATA_MODEL_GPU_GPU_ENGINE_H_
 
