@@ -30,7 +30,10 @@
 namespace strata::cuda {
 
 struct MlaDecodeParams {
-  // Queries: one token per request. bf16 (q_is_bf16) or f32.
+  // Queries: one token per request. bf16 (q_is_bf16) or f32, which the
+  // kernel rounds to bf16 (nearest even) on load: against the unrounded
+  // queries that alone costs ~2 bf16 eps in relative L2 (measured in
+  // mla_decode_test, FloatQueriesNotRepresentableInBf16).
   const void* q_abs;         // [batch][heads][512]
   const void* q_pe;          // [batch][heads][64]
   bool q_is_bf16 = true;
