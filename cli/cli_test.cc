@@ -24,8 +24,11 @@ struct RunResult {
   std::string out;
 };
 
-RunResult Strata(const std::string& args) {
-  const std::string cmd = std::string(STRATA_BINARY_DIR) + "/cli/strata " + args + " 2>/dev/null";
+// Runs `strata ARGS`; standard error is dropped, or kept in `out` after
+// standard output with keep_stderr; timeout_s > 0 stops it after that long.
+RunResult Strata(const std::string& args, bool keep_stderr = false, int timeout_s = 0) {
+  const std::string cmd = (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : std::string()) +
+                          STRATA_BINARY_DIR + "/cli/strata " + args + (keep_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -94,22 +97,16 @@ TEST(CliUpTest, GpuFlagsAreCheckedAndAMissingGpuIsExplained) {
   EXPECT_EQ(Strata("up --device tpu").code, 2);
   EXPECT_EQ(Strata("up --gpu-kv-bytes 1000000").code, 2);
   EXPECT_EQ(Strata("up --gpu-gemm f32").code, 2);
-  const std::string cmd = "timeout 30 " + std::string(STRATA_BINARY_DIR) + "/cli/strata up --device gpu --workers 1 " +
-                          "--no-kvstore --port 0 --ready-timeout 5 --model " + STRATA_SOURCE_DIR + "/models/demo 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (out.rfind("ready ", 0) == 0 || out.find("\nready ") != std::string::npos) {
+  const RunResult r = Strata(std::string("up --device gpu --workers 1 --no-kvstore --port 0 --ready-timeout 5 ") +
+                                 "--model " + STRATA_SOURCE_DIR + "/models/demo",
+                             /*keep_stderr=*/true, /*timeout_s=*/30);
+  if (r.out.rfind("ready ", 0) == 0 || r.out.find("\nready ") != std::string::npos) {
     GTEST_SKIP() << "a GPU is present: the cluster started";
   }
-  EXPECT_EQ(code, 1) << out;
-  EXPECT_TRUE(out.find("no CUDA device is visible") != std::string::npos ||
-              out.find("built without CUDA") != std::string::npos)
-      << out;
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(r.out.find("no CUDA device is visible") != std::string::npos ||
+              r.out.find("built without CUDA") != std::string::npos)
+      << r.out;
 }
 
 // The demo model ships with a tokenizer: generate streams text, --json gives

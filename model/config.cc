@@ -264,6 +264,21 @@ bool ModelConfig::can_cut_before(int layer) const {
   return layers[layer].indexer != IndexerMode::kShared;
 }
 
+absl::Status CheckStageRange(const ModelConfig& config, int begin, int* end) {
+  if (*end < 0) *end = config.num_layers;
+  if (begin < 0 || *end > config.num_layers || begin >= *end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", begin, ", ", *end,
+                                                   ") is empty or outside the model's ", config.num_layers,
+                                                   " layers"));
+  }
+  if (!config.can_cut_before(begin)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a stage cannot start at layer ", begin,
+        ": it reuses the previous layer's DSA selection (a 'shared' indexer layer)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
   json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {

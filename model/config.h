@@ -99,6 +99,11 @@ struct ModelConfig {
   bool can_cut_before(int layer) const;
 };
 
+// Resolves a stage's layer range (end < 0: num_layers) into *end and checks
+// it: non-empty, inside the model, starting where a stage may start.
+// INVALID_ARGUMENT naming the range otherwise.
+absl::Status CheckStageRange(const ModelConfig& config, int begin, int* end);
+
 // Parses config.json text. Unsupported values give INVALID_ARGUMENT naming
 // the field and the value.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json);

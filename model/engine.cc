@@ -14,17 +14,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Load(const std::string& model_di
                                                      const EngineOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   EngineOptions opt = options;
-  if (opt.layer_end < 0) opt.layer_end = config.num_layers;
-  if (opt.layer_begin < 0 || opt.layer_end > config.num_layers || opt.layer_begin >= opt.layer_end) {
-    return absl::InvalidArgumentError(absl::StrCat("layer range [", opt.layer_begin, ", ", opt.layer_end,
-                                                   ") is empty or outside the model's ",
-                                                   config.num_layers, " layers"));
-  }
-  if (!config.can_cut_before(opt.layer_begin)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a stage cannot start at layer ", opt.layer_begin,
-        ": it reuses the previous layer's DSA selection (a 'shared' indexer layer)"));
-  }
+  RETURN_IF_ERROR(CheckStageRange(config, opt.layer_begin, &opt.layer_end));
   ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));
   ASSIGN_OR_RETURN(auto weights, LoadWeights(*store, config, opt.layer_begin, opt.layer_end,
                                              opt.layer_begin == 0, opt.layer_end == config.num_layers));

@@ -37,15 +37,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   im->opt = options;
   GpuEngineOptions& opt = im->opt;
   const ModelConfig& c = im->c;
-  if (opt.layer_end < 0) opt.layer_end = c.num_layers;
-  if (opt.layer_begin < 0 || opt.layer_end > c.num_layers || opt.layer_begin >= opt.layer_end) {
-    return absl::InvalidArgumentError(absl::StrCat("layer range [", opt.layer_begin, ", ", opt.layer_end,
-                                                   ") is empty or outside the model's ", c.num_layers, " layers"));
-  }
-  if (!c.can_cut_before(opt.layer_begin)) {
-    return absl::InvalidArgumentError(absl::StrCat("a stage cannot start at layer ", opt.layer_begin,
-                                                   ": it reuses the previous layer's DSA selection"));
-  }
+  RETURN_IF_ERROR(CheckStageRange(c, opt.layer_begin, &opt.layer_end));
   RETURN_IF_ERROR(CheckShapes(c));
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -123,12 +115,8 @@ GpuEngine::~GpuEngine() {
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Load(const std::string& model_dir,
                                                            const GpuEngineOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  const int end = options.layer_end < 0 ? config.num_layers : options.layer_end;
-  if (options.layer_begin < 0 || end > config.num_layers || options.layer_begin >= end) {
-    return absl::InvalidArgumentError(absl::StrCat("layer range [", options.layer_begin, ", ", end,
-                                                   ") is empty or outside the model's ", config.num_layers,
-                                                   " layers"));
-  }
+  int end = options.layer_end;
+  RETURN_IF_ERROR(CheckStageRange(config, options.layer_begin, &end));
   ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));
   ASSIGN_OR_RETURN(auto host, LoadWeights(*store, config, options.layer_begin, end, options.layer_begin == 0,
                                           end == config.num_layers));
@@ -200,20 +188,10 @@ absl::StatusOr<GpuStep> GpuEngine::Prepare(absl::Span<const GpuChunk> chunks, bo
         "GPU KV cache is full: this step needs ", need, " more pages of 64 tokens and ", im.free_ids.size(), " of ",
         im.total_pages, " are free; end other sessions or give the worker more KV memory"));
   }
-  // Pages: take, then write the new page-table entries.
+  // Pages: the check above covers the whole step, so no Grow fails halfway.
   for (const GpuChunk& ch : chunks) {
-    GpuSequence& seq = *ch.seq;
-    const int64_t want = (seq.num_tokens_ + static_cast<int64_t>(ch.tokens.size()) + 63) / 64;
-    const int64_t have = seq.num_pages();
-    for (int64_t p = have; p < want; ++p) {
-      seq.pages_.push_back(im.free_ids.back());
-      im.free_ids.pop_back();
-    }
-    if (want > have) {
-      STRATA_CUDA_RETURN(cudaMemcpyAsync(im.page_table.as<int>() + seq.slot_ * im.max_pages_per_seq + have,
-                                         seq.pages_.data() + have, (want - have) * sizeof(int),
-                                         cudaMemcpyHostToDevice, im.stream));
-    }
+    RETURN_IF_ERROR(im.Grow(&ch.seq->pages_, ch.seq->slot_,
+                            ch.seq->num_tokens_ + static_cast<int64_t>(ch.tokens.size())));
   }
   // Per-row arrays, uploaded as one block: positions (i64), then i32 arrays.
   GpuStep st;
@@ -383,20 +361,8 @@ absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, ui
   if (seq == nullptr || seq->engine_ != this || seq->num_tokens_ != 0) {
     return absl::InvalidArgumentError("FillRandomContext needs an empty sequence of this engine");
   }
-  const int64_t pages = (n_tokens + 63) / 64;
-  if (pages > im.max_pages_per_seq) {
-    return absl::InvalidArgumentError(absl::StrCat(n_tokens, " tokens exceed the engine's per-sequence limit"));
-  }
-  if (pages > static_cast<int64_t>(im.free_ids.size())) {
-    return absl::ResourceExhaustedError(absl::StrCat("GPU KV cache has ", im.free_ids.size(), " free pages, ",
-                                                     pages, " needed"));
-  }
-  for (int64_t p = 0; p < pages; ++p) {
-    seq->pages_.push_back(im.free_ids.back());
-    im.free_ids.pop_back();
-  }
-  STRATA_CUDA_RETURN(cudaMemcpyAsync(im.page_table.as<int>() + seq->slot_ * im.max_pages_per_seq, seq->pages_.data(),
-                                     pages * sizeof(int), cudaMemcpyHostToDevice, im.stream));
+  RETURN_IF_ERROR(im.Grow(&seq->pages_, seq->slot_, n_tokens));
+  const int64_t pages = seq->num_pages();
   // Fill the pages' bytes in every layer (each page id is one slab per layer).
   const int nl = im.num_local_layers();
   for (int l = 0; l < nl; ++l) {

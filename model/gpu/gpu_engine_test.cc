@@ -57,8 +57,10 @@ std::vector<std::string> FixtureDirs() {
   return dirs;
 }
 
-std::vector<int> FixtureTokens(const std::string& dir) {
-  std::ifstream in(dir + "/reference.json");
+// The "tokens" array of a JSON file (a fixture's reference.json, the demo's
+// held-out text).
+std::vector<int> TokensOf(const std::string& json_path) {
+  std::ifstream in(json_path);
   std::stringstream ss;
   ss << in.rdbuf();
   return nlohmann::json::parse(ss.str())["tokens"].get<std::vector<int>>();
@@ -203,7 +205,7 @@ class GpuFixtureTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuFixtureTest, F32ModeMatchesCpuEngine) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = GetParam();
-  const std::vector<int> tokens = FixtureTokens(dir);
+  const std::vector<int> tokens = TokensOf(dir + "/reference.json");
   const int split = static_cast<int>(tokens.size()) / 2;
   const CpuRun cpu = RunCpu(dir, tokens, split);
   GpuEngineOptions opt;
@@ -262,7 +264,7 @@ TEST_P(GpuFixtureTest, F32ModeMatchesCpuEngine) {
 TEST_P(GpuFixtureTest, Bf16ModeTopTokenAgreement) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = GetParam();
-  const std::vector<int> tokens = FixtureTokens(dir);
+  const std::vector<int> tokens = TokensOf(dir + "/reference.json");
   const int split = static_cast<int>(tokens.size()) / 2;
   const CpuRun cpu = RunCpu(dir, tokens, split);
   GpuEngineOptions opt;
@@ -424,10 +426,7 @@ TEST(GpuEngineTest, Bf16ModeAgreesWithCpuOnDemoModel) {
   fs::path root = fs::path(STRATA_SOURCE_DIR);
   if (!fs::exists(root / "models" / "demo")) root = fs::current_path();
   const std::string dir = (root / "models" / "demo").string();
-  std::ifstream in((root / "tests" / "data" / "demo_heldout.json").string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::vector<int> tokens = nlohmann::json::parse(ss.str())["tokens"].get<std::vector<int>>();
+  const std::vector<int> tokens = TokensOf((root / "tests" / "data" / "demo_heldout.json").string());
   const int split = 256;
   const CpuRun cpu = RunCpu(dir, tokens, split);
   GpuEngineOptions opt;
