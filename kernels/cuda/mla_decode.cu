@@ -6,43 +6,54 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kv_layout.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace strata::cuda {
 namespace {
 
 // ---- tile configuration ----------------------------------------------------
-constexpr int kHeadsPerBlock = 64;            // 4 head tiles of 16 (the MMA M)
-constexpr int kWarps = 16;                    // warp w: head tile w / 4, quarter w % 4
-constexpr int kThreads = kWarps * 32;
+// A block handles one split of one request for 64 heads with two warpgroups.
+// Per 64-row tile: S = Q K^T with the 576-d contraction cut between the
+// warpgroups (wgmma m64n64k16, both operands in shared memory), the partial
+// scores exchanged through shared memory so both hold the same S, the online
+// softmax in registers, then O += P' V with P' in registers and each
+// warpgroup owning 256 of the 512 latent dims (wgmma m64n256k16).
+constexpr int kHeadsPerBlock = 64;            // the wgmma M
+constexpr int kThreads = 256;                 // two warpgroups
 constexpr int kTileRows = kPageTokens;        // 64 tokens (or index entries) per step
-constexpr int kRowStride = kRowDim + 8;       // bf16 elements; 1168 B rows: ldmatrix conflict-free
-constexpr int kSStride = kTileRows + 8;       // floats; 64-bit fragment accesses conflict-free
+constexpr int kKBlocks = kRowDim / 64;        // 9 swizzled blocks of 64 bf16 columns
+constexpr int kBlockBytes = 64 * 128;         // 64 rows of 128 bytes
+constexpr int kRawStride = kLatentDim + 16;   // bytes; conflict-free conversion reads
+// Contraction steps of 16 columns: warpgroup 0 takes steps 0..17 (latent),
+// warpgroup 1 steps 18..35 (latent, then the 4 rope steps, whose scale differs).
+constexpr int kSplitStep = kRowDim / 16 / 2;
+static_assert(kSplitStep - 4 == (kLatentDim / 16) - kSplitStep && kRopeDim == 4 * 16,
+              "warpgroup 1's last four steps are exactly the rope");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-static_assert(kHeadsPerBlock == 4 * 16 && kWarps == 16, "4 head tiles x 4 quarters");
-static_assert(kTileRows == 4 * 16, "QK: each quarter warp owns 16 tokens");
-static_assert(kLatentDim == 4 * 128, "PV: each quarter warp owns 128 latent dims");
-static_assert((kRowStride * 2) % 16 == 0 && ((kRowStride * 2 / 16) & 1) == 1,
-              "row stride must be an odd number of 16-byte units");
+static_assert(kHeadsPerBlock == 64 && kTileRows == 64, "one m64n64 score tile per step");
+static_assert(kLatentDim == 2 * 256, "PV: each warpgroup owns 256 latent dims");
+static_assert(kRowDim % 64 == 0, "whole swizzled blocks");
 
 struct Smem {
-  __nv_bfloat16 q[kHeadsPerBlock][kRowStride];    // queries of the block's 64 heads
-  __nv_bfloat16 kv[kTileRows][kRowStride];        // the tile widened to bf16 (latent | rope)
-  uint8_t raw_latent[kTileRows][kLatentDim];      // the next tile's codes, as loaded
+  uint8_t q[kKBlocks][kBlockBytes];     // queries of the 64 heads, bf16, swizzled
+  uint8_t kv[kKBlocks][kBlockBytes];    // the tile widened to bf16, swizzled
+  float4 xs[2][8][128];                 // partial scores exchanged: [warpgroup][reg / 4][thread]
+  uint8_t raw_latent[kTileRows][kRawStride];  // the next tile's codes, as loaded
   uint8_t raw_rope[kTileRows][kRopeDim];
   float raw_scale[kTileRows][2];
-  float s[kHeadsPerBlock][kSStride];              // scores of the tile, log2 units
-  float c_scale[kTileRows];                       // usable scale, 0 for masked rows
+  float c_scale[kTileRows];             // usable scale, 0 for masked rows
   float r_scale[kTileRows];
-  int valid[kTileRows];
+  float bias[kTileRows];                // 0, or -inf for masked rows
   // Row maps of the next tiles, a ring of two indexed by tile & 1: the pool page
   // of each row (-1 when masked) and its slot. Filled two tiles ahead, so the
   // page-table (and index) loads are off the critical path of the tile loop.
   int row_page[2][kTileRows];
   int row_slot[2][kTileRows];
 };
-static_assert(sizeof(Smem) <= 227 * 1024, "fits one block per SM");
+constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the swizzled blocks
+static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
 // Maps entry `e` of request `b` to its pool page (or -1 when masked).
 __device__ __forceinline__ int64_t RowPage(const MlaDecodeParams& p, int b, int64_t e,
@@ -63,6 +74,19 @@ __device__ __forceinline__ void LoadTile(const MlaDecodeParams& p, Smem& sm, int
   const int tid = threadIdx.x;
   const int* const row_page = sm.row_page[tile & 1];
   const int* const row_slot = sm.row_slot[tile & 1];
+  if (p.indices == nullptr) {
+    // Dense: the tile is one whole page (row r in slot r). Rows past the
+    // sequence are loaded too and masked by the row map.
+    const uint8_t* page = p.pool + static_cast<size_t>(row_page[0]) * kPageBytes;
+#pragma unroll
+    for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      dev::CpAsync16(&sm.raw_latent[c >> 5][(c & 31) * 16], page + kPageLatentOffset + c * 16, true);
+    }
+    dev::CpAsync16(&sm.raw_rope[0][0] + tid * 16, page + kPageRopeOffset + tid * 16, true);
+    if (tid < kTileRows) dev::CpAsync8(&sm.raw_scale[tid][0], page + kPageScaleOffset + tid * 8, true);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {  // latent: 64 rows x 32 chunks
     const int c = tid + i * kThreads;
@@ -73,15 +97,16 @@ __device__ __forceinline__ void LoadTile(const MlaDecodeParams& p, Smem& sm, int
                                    : p.pool;
     dev::CpAsync16(&sm.raw_latent[row][part * 16], src, page >= 0);
   }
-  if (tid < kTileRows * 4) {  // rope: 64 rows x 4 chunks
+  {  // rope: 64 rows x 4 chunks, one per thread
     const int row = tid >> 2, part = tid & 3;
     const int page = row_page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
                                          kPageRopeOffset + row_slot[row] * kRopeDim + part * 16
                                    : p.pool;
     dev::CpAsync16(&sm.raw_rope[row][part * 16], src, page >= 0);
-  } else if (tid < kTileRows * 5) {  // scales: 64 rows x 8 bytes
-    const int row = tid - kTileRows * 4;
+  }
+  if (tid < kTileRows) {  // scales: 64 rows x 8 bytes
+    const int row = tid;
     const int page = row_page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
                                          kPageScaleOffset + row_slot[row] * 8
@@ -90,39 +115,47 @@ __device__ __forceinline__ void LoadTile(const MlaDecodeParams& p, Smem& sm, int
   }
 }
 
-// Widens the raw tile to bf16 and publishes the per-row scales and validity.
+// Stores 16 bf16 values (columns 16 * part16 ..) of `row` into a swizzled
+// operand (blocks of 64 columns).
+__device__ __forceinline__ void StoreSwizzled16(uint8_t (*blocks)[kBlockBytes], int row,
+                                                int part16, uint4 lo, uint4 hi) {
+  uint8_t* block = blocks[part16 >> 2];
+  const int chunk = (part16 & 3) * 2;
+  *reinterpret_cast<uint4*>(block + wgmma::SwizzledChunk(row, chunk)) = lo;
+  *reinterpret_cast<uint4*>(block + wgmma::SwizzledChunk(row, chunk + 1)) = hi;
+}
+
+// Widens the raw tile to bf16 (exactly) in the swizzled layout and publishes
+// the per-row scales and mask. Four threads per row, each 8 chunks of 16
+// latent codes and one of rope; a warp's 16-byte reads and writes (8 rows x 4
+// chunks) are free of bank conflicts.
 __device__ __forceinline__ void ConvertTile(Smem& sm, int64_t tile) {
+  static_assert(kThreads == 4 * kTileRows, "four threads per row");
   const int tid = threadIdx.x;
+  const int row = ((tid >> 5) << 3) + (tid & 7), sub = (tid >> 3) & 3;
+  const uint8_t* src = &sm.raw_latent[row][sub * 16];
+  uint8_t* dst_lo = sm.kv[0] + wgmma::SwizzledChunk(row, 2 * sub);
+  uint8_t* dst_hi = sm.kv[0] + wgmma::SwizzledChunk(row, 2 * sub + 1);
 #pragma unroll
-  for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {
-    const int c = tid + i * kThreads;
-    const int row = c >> 5, part = c & 31;
-    const uint4 codes = *reinterpret_cast<const uint4*>(&sm.raw_latent[row][part * 16]);
+  for (int i = 0; i < kKBlocks; ++i) {  // blocks 0..7 latent, block 8 rope
+    const uint4 codes = *reinterpret_cast<const uint4*>(
+        i < kKBlocks - 1 ? src + i * 64 : &sm.raw_rope[row][sub * 16]);
     uint4 lo, hi;
     dev::E4m3x16ToBf16(codes, lo, hi);
-    uint4* dst = reinterpret_cast<uint4*>(&sm.kv[row][part * 16]);
-    dst[0] = lo;
-    dst[1] = hi;
+    *reinterpret_cast<uint4*>(dst_lo + i * kBlockBytes) = lo;
+    *reinterpret_cast<uint4*>(dst_hi + i * kBlockBytes) = hi;
   }
-  if (tid < kTileRows * 4) {
-    const int row = tid >> 2, part = tid & 3;
-    const uint4 codes = *reinterpret_cast<const uint4*>(&sm.raw_rope[row][part * 16]);
-    uint4 lo, hi;
-    dev::E4m3x16ToBf16(codes, lo, hi);
-    uint4* dst = reinterpret_cast<uint4*>(&sm.kv[row][kLatentDim + part * 16]);
-    dst[0] = lo;
-    dst[1] = hi;
-  } else if (tid < kTileRows * 5) {
-    const int row = tid - kTileRows * 4;
-    const bool valid = sm.row_page[tile & 1][row] >= 0;
-    sm.valid[row] = valid ? 1 : 0;
-    sm.c_scale[row] = valid ? dev::UsableScale(sm.raw_scale[row][0]) : 0.0f;
-    sm.r_scale[row] = valid ? dev::UsableScale(sm.raw_scale[row][1]) : 0.0f;
+  if (tid < kTileRows) {
+    const bool valid = sm.row_page[tile & 1][tid] >= 0;
+    sm.bias[tid] = valid ? 0.0f : -INFINITY;
+    sm.c_scale[tid] = valid ? dev::UsableScale(sm.raw_scale[tid][0]) : 0.0f;
+    sm.r_scale[tid] = valid ? dev::UsableScale(sm.raw_scale[tid][1]) : 0.0f;
   }
+  wgmma::FenceProxyAsync();
 }
 
 // Loads the block's 64 query heads into shared memory as bf16 (zeros past
-// `heads`), latent in columns 0..511 and rope in 512..575.
+// `heads`), latent in columns 0..511 and rope in 512..575, swizzled.
 __device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, int b, int h0) {
   constexpr int kChunks = kRowDim / 8;  // 8 elements per chunk
   for (int c = threadIdx.x; c < kHeadsPerBlock * kChunks; c += kThreads) {
@@ -144,21 +177,29 @@ __device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, 
                        dev::PackBf16x2(d.x, d.y), dev::PackBf16x2(d.z, d.w));
       }
     }
-    *reinterpret_cast<uint4*>(&sm.q[row][part * 8]) = v;
+    *reinterpret_cast<uint4*>(sm.q[part >> 3] + wgmma::SwizzledChunk(row, part & 7)) = v;
   }
 }
 
+// The K-major descriptor of contraction step `ks` (16 columns) of a swizzled
+// 64-row operand.
+__device__ __forceinline__ uint64_t KStepDesc(const uint8_t (*blocks)[kBlockBytes], int ks) {
+  return wgmma::SmemDesc(dev::SmemAddr(blocks[ks >> 2]) + (ks & 3) * 32, 16, 1024);
+}
+
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDecodeParams p) {
-  extern __shared__ __align__(128) uint8_t smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // (offset arithmetic keeps the shared address space visible to the compiler)
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (dev::SmemAddr(smem_raw) & 1023)) & 1023));
 
   const int* w = p.work + 4 * blockIdx.x;
   const int b = w[0], split = w[1];
   const int64_t tile_begin = w[2], tile_end = w[3];
   const int h0 = blockIdx.y * kHeadsPerBlock;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int ht = warp >> 2, quarter = warp & 3;
-  const int g = lane >> 2, q = lane & 3;
+  const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;  // warpgroup, thread in it
+  const int lane = threadIdx.x & 31;
+  const int row0 = ((wt >> 5) << 4) + (lane >> 2);  // heads row0 and row0 + 8 of the block
+  const int q = lane & 3;
   const float scale_log2 = p.softmax_scale * kLog2e;
 
   // Row maps of the first two tiles (later ones are fetched two tiles ahead).
@@ -180,15 +221,15 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
   dev::CpAsyncCommit();
   LoadQueries(p, sm, b, h0);
 
-  float o[16][4];  // 16 heads x 128 dims: n-tile j covers dims quarter*128 + 8j
+  float o[128];  // heads row0 (+8) x this warpgroup's 256 dims: o[4j + 2i + c]
 #pragma unroll
-  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // rows g and g+8 of the head tile
+  for (int j = 0; j < 128; ++j) o[j] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows row0 and row0 + 8
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
 
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     dev::CpAsyncWaitAll();
-    __syncthreads();  // raw tile landed; every warp is done with the previous tile
+    __syncthreads();  // raw tile landed; the previous tile's P.V is complete everywhere
     ConvertTile(sm, tile);
     __syncthreads();  // bf16 tile ready; raw buffers and this tile's row map free
     if (tile + 1 < tile_end) LoadTile(p, sm, tile + 1);
@@ -208,104 +249,98 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
       }
     }
 
-    // ---- S = Q K^T for 16 heads x 16 tokens (this warp's quarter) ---------
-    float acc_c[2][4] = {}, acc_r[2][4] = {};
-    const __nv_bfloat16* qa = &sm.q[ht * 16 + (lane & 15)][(lane >> 4) * 8];
-    const __nv_bfloat16* kb =
-        &sm.kv[quarter * 16 + (lane & 7) + ((lane >> 4) << 3)][((lane >> 3) & 1) * 8];
-#pragma unroll 8
-    for (int ks = 0; ks < kLatentDim / 16; ++ks) {
-      uint32_t a[4], bb[4];
-      dev::Ldmatrix4(a, qa + ks * 16);
-      dev::Ldmatrix4(bb, kb + ks * 16);
-      dev::MmaBf16(acc_c[0], a, bb[0], bb[1]);
-      dev::MmaBf16(acc_c[1], a, bb[2], bb[3]);
-    }
+    // ---- partial scores. Both warpgroups run the same steps (so the wgmma
+    // stream is not divergent): 14 into `a` and 4 into `r`, warpgroup 0 over
+    // latent steps 0..13 and 14..17, warpgroup 1 over latent steps 18..31 and
+    // the rope steps 32..35; `r` is scaled by c_scale or r_scale accordingly.
+    float a[32], r[32];
+    const int ks0 = wg * kSplitStep;
+    wgmma::Fence();
 #pragma unroll
-    for (int ks = kLatentDim / 16; ks < kRowDim / 16; ++ks) {
-      uint32_t a[4], bb[4];
-      dev::Ldmatrix4(a, qa + ks * 16);
-      dev::Ldmatrix4(bb, kb + ks * 16);
-      dev::MmaBf16(acc_r[0], a, bb[0], bb[1]);
-      dev::MmaBf16(acc_r[1], a, bb[2], bb[3]);
-    }
+    for (int i = 0; i < kSplitStep - 4; ++i)
+      wgmma::M64N64K16SS(a, KStepDesc(sm.q, ks0 + i), KStepDesc(sm.kv, ks0 + i), i > 0);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int t = quarter * 16 + nt * 8 + 2 * q;
-      float v[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tt = t + (e & 1);
-        const float s = (acc_c[nt][e] * sm.c_scale[tt] + acc_r[nt][e] * sm.r_scale[tt]) * scale_log2;
-        v[e] = sm.valid[tt] ? s : -INFINITY;
-      }
-      *reinterpret_cast<float2*>(&sm.s[ht * 16 + g][t]) = make_float2(v[0], v[1]);
-      *reinterpret_cast<float2*>(&sm.s[ht * 16 + g + 8][t]) = make_float2(v[2], v[3]);
-    }
-    __syncthreads();  // the whole 64 x 64 score tile is in shared memory
+    for (int i = kSplitStep - 4; i < kSplitStep; ++i)
+      wgmma::M64N64K16SS(r, KStepDesc(sm.q, ks0 + i), KStepDesc(sm.kv, ks0 + i),
+                         i > kSplitStep - 4);
+    wgmma::Commit();
+    wgmma::Wait<0>();
 
-    // ---- online softmax over the tile's 64 tokens (rows g, g+8) ----------
-    const float* s0 = sm.s[ht * 16 + g];
-    const float* s1 = sm.s[ht * 16 + g + 8];
+    // Exchange: each warpgroup publishes v = a * c_scale + r * (its r scale);
+    // both then form s = v0 + v1 from the same two values (equal bits). This
+    // thread's columns are t = 8j + 2q + {0, 1}.
+    float2 cs[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[8 * j + 2 * q]);
+    {
+      const float* rsel = wg == 0 ? sm.c_scale : sm.r_scale;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 rs = *reinterpret_cast<const float2*>(&rsel[8 * j + 2 * q]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int k = 4 * j + e;
+          a[k] = __fadd_rn(__fmul_rn(a[k], (e & 1) ? cs[j].y : cs[j].x),
+                           __fmul_rn(r[k], (e & 1) ? rs.y : rs.x));
+        }
+        sm.xs[wg][j][wt] = make_float4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]);
+      }
+    }
+    __syncthreads();
+    float s[32];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 other = sm.xs[wg ^ 1][j][wt];
+      const float2 bias = *reinterpret_cast<const float2*>(&sm.bias[8 * j + 2 * q]);
+      const float ov[4] = {other.x, other.y, other.z, other.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[4 * j + e] = __fmul_rn(__fadd_rn(a[4 * j + e], ov[e]), scale_log2) + ((e & 1) ? bias.y : bias.x);
+    }
+
+    // ---- online softmax over the tile's 64 tokens (rows row0, row0 + 8) ------
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const float2 a0 = *reinterpret_cast<const float2*>(s0 + kk * 16 + 2 * q);
-      const float2 a1 = *reinterpret_cast<const float2*>(s0 + kk * 16 + 8 + 2 * q);
-      const float2 c0 = *reinterpret_cast<const float2*>(s1 + kk * 16 + 2 * q);
-      const float2 c1 = *reinterpret_cast<const float2*>(s1 + kk * 16 + 8 + 2 * q);
-      mx[0] = fmaxf(mx[0], fmaxf(fmaxf(a0.x, a0.y), fmaxf(a1.x, a1.y)));
-      mx[1] = fmaxf(mx[1], fmaxf(fmaxf(c0.x, c0.y), fmaxf(c1.x, c1.y)));
-    }
+    for (int k = 0; k < 32; ++k) mx[(k >> 1) & 1] = fmaxf(mx[(k >> 1) & 1], s[k]);
     float m_use[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_run[r], mx[r]);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m_run[r] - m_use[r]);
-      l_run[r] *= alpha;
-      m_run[r] = m_new;
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m_run[i], mx[i]);
+      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m_run[i] - m_use[i]);
+      l_run[i] *= alpha;
+      m_run[i] = m_new;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 2 * i] *= alpha;
+        o[4 * j + 2 * i + 1] *= alpha;
       }
+    }
+    // P' = p * c_scale in bf16, as the A fragments of the four 16-token steps.
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float cs0 = cs[j].x, cs1 = cs[j].y;
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pv[e] = exp2f(s[4 * j + e] - m_use[e >> 1]);
+        l_run[e >> 1] += pv[e];
+      }
+      pa[j >> 1][(j & 1) * 2] = dev::PackBf16x2(pv[0] * cs0, pv[1] * cs1);
+      pa[j >> 1][(j & 1) * 2 + 1] = dev::PackBf16x2(pv[2] * cs0, pv[3] * cs1);
     }
 
-    // ---- O += P' V with P' = p * c_scale (bf16), V = codes (bf16) ---------
-    const __nv_bfloat16* vb =
-        &sm.kv[(lane & 7) + (((lane >> 3) & 1) << 3)][quarter * 128 + (lane >> 4) * 8];
+    // ---- O += P' V over this warpgroup's 256 dims (V = codes, MN-major) ------
+    wgmma::Fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int t0 = kk * 16 + 2 * q, t1 = t0 + 8;
-      const float2 a0 = *reinterpret_cast<const float2*>(s0 + t0);
-      const float2 a1 = *reinterpret_cast<const float2*>(s0 + t1);
-      const float2 c0 = *reinterpret_cast<const float2*>(s1 + t0);
-      const float2 c1 = *reinterpret_cast<const float2*>(s1 + t1);
-      const float p00 = exp2f(a0.x - m_use[0]), p01 = exp2f(a0.y - m_use[0]);
-      const float p02 = exp2f(a1.x - m_use[0]), p03 = exp2f(a1.y - m_use[0]);
-      const float p10 = exp2f(c0.x - m_use[1]), p11 = exp2f(c0.y - m_use[1]);
-      const float p12 = exp2f(c1.x - m_use[1]), p13 = exp2f(c1.y - m_use[1]);
-      l_run[0] += (p00 + p01) + (p02 + p03);
-      l_run[1] += (p10 + p11) + (p12 + p13);
-      const float cs0 = sm.c_scale[t0], cs1 = sm.c_scale[t0 + 1];
-      const float cs2 = sm.c_scale[t1], cs3 = sm.c_scale[t1 + 1];
-      uint32_t pa[4];
-      pa[0] = dev::PackBf16x2(p00 * cs0, p01 * cs1);
-      pa[1] = dev::PackBf16x2(p10 * cs0, p11 * cs1);
-      pa[2] = dev::PackBf16x2(p02 * cs2, p03 * cs3);
-      pa[3] = dev::PackBf16x2(p12 * cs2, p13 * cs3);
-      const __nv_bfloat16* vk = vb + kk * 16 * kRowStride;
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t bb[4];
-        dev::Ldmatrix4Trans(bb, vk + np * 16);
-        dev::MmaBf16(o[2 * np], pa, bb[0], bb[1]);
-        dev::MmaBf16(o[2 * np + 1], pa, bb[2], bb[3]);
-      }
-    }
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma::M64N256K16RS(o, pa[kk],
+                          wgmma::SmemDesc(dev::SmemAddr(sm.kv[4 * wg]) + kk * 2048,
+                                          kBlockBytes, 1024));
+    wgmma::Commit();
 
     // Row map of tile + 2, second half (the slot of `tile`, whose readers all
     // passed the barrier after the conversion; LoadTile(tile + 2) reads it after
@@ -319,39 +354,38 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
       sm.row_page[tile & 1][threadIdx.x] = pf_page;
       sm.row_slot[tile & 1][threadIdx.x] = pf_pos & (kPageTokens - 1);
     }
+    wgmma::Wait<0>();
   }
 
   // ---- epilogue ------------------------------------------------------------
   float l_tot[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_tot[r] = l_run[r] + __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_tot[r] = l_tot[r] + __shfl_xor_sync(0xffffffffu, l_tot[r], 2);
+  for (int i = 0; i < 2; ++i) {
+    l_tot[i] = l_run[i] + __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+    l_tot[i] = l_tot[i] + __shfl_xor_sync(0xffffffffu, l_tot[i], 2);
   }
   const int slot = p.split_offset[b] + split;
   const bool single = p.split_offset[b + 1] - p.split_offset[b] == 1;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = h0 + ht * 16 + g + 8 * r;
+  for (int i = 0; i < 2; ++i) {
+    const int h = h0 + row0 + 8 * i;
     if (h >= p.heads) continue;
-    if (single) {
-      const float inv = l_tot[r] > 0.0f ? 1.0f / l_tot[r] : 0.0f;
-      float* dst = p.out + (static_cast<int64_t>(b) * p.heads + h) * kLatentDim + quarter * 128;
+    const float inv = single ? (l_tot[i] > 0.0f ? 1.0f / l_tot[i] : 0.0f) : 1.0f;
+    float* dst = (single ? p.out + (static_cast<int64_t>(b) * p.heads + h) * kLatentDim
+                         : p.o_partial + (static_cast<int64_t>(slot) * p.heads + h) * kLatentDim) +
+                 wg * 256 + 2 * q;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8 + 2 * q) =
-            make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-      if (quarter == 0 && q == 0)
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+    if (wg == 0 && q == 0) {
+      if (single) {
         p.lse[static_cast<int64_t>(b) * p.heads + h] =
-            l_tot[r] > 0.0f ? (m_run[r] + log2f(l_tot[r])) * kLn2 : -INFINITY;
-    } else {
-      float* dst = p.o_partial + (static_cast<int64_t>(slot) * p.heads + h) * kLatentDim + quarter * 128;
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8 + 2 * q) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
-      if (quarter == 0 && q == 0)
+            l_tot[i] > 0.0f ? (m_run[i] + log2f(l_tot[i])) * kLn2 : -INFINITY;
+      } else {
         *reinterpret_cast<float2*>(p.ml_partial + (static_cast<int64_t>(slot) * p.heads + h) * 2) =
-            make_float2(m_run[r], l_tot[r]);
+            make_float2(m_run[i], l_tot[i]);
+      }
     }
   }
 }
@@ -478,7 +512,7 @@ MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
 cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.num_work <= 0) return cudaSuccess;
   if (p.heads <= 0) return cudaErrorInvalidValue;
-  const size_t smem = sizeof(Smem);
+  const size_t smem = kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(MlaDecodeSplitKernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
