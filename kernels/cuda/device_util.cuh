@@ -102,6 +102,13 @@ __device__ __forceinline__ float UsableScale(float s) {
   return (s > 0.0f && s <= 3.402823466e38f) ? s : 0.0f;
 }
 
+// 2^x with the hardware approximation (max relative error ~2^-22; -inf -> 0).
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t PackBf16x2(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -128,6 +135,11 @@ __device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool vali
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still pending.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // ---- ldmatrix / mma ------------------------------------------------------
 __device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* smem) {

@@ -12,144 +12,160 @@ namespace strata::cuda {
 namespace {
 
 // ---- tile configuration ----------------------------------------------------
-// A block handles one split of one request for 64 heads with two warpgroups.
-// Per 64-row tile: S = Q K^T with the 576-d contraction cut between the
-// warpgroups (wgmma m64n64k16, both operands in shared memory), the partial
+// A block handles one split of one request for 64 heads with three
+// warpgroups. The producer (warpgroup 2) copies 32-row stages of the cache
+// into shared memory (cp.async, three raw stages in flight) and widens them
+// to bf16 in the 128-byte swizzled layout wgmma reads (two stages). The two
+// math warpgroups take each stage: S = Q K^T with the 576-d contraction cut
+// between them (wgmma m64n32k16, both operands in shared memory), the partial
 // scores exchanged through shared memory so both hold the same S, the online
-// softmax in registers, then O += P' V with P' in registers and each
-// warpgroup owning 256 of the 512 latent dims (wgmma m64n256k16).
+// softmax in registers, then O += P' V with P' in registers and each math
+// warpgroup owning 256 of the 512 latent dims (wgmma m64n256k16). Named
+// barriers hand the bf16 stages between producer and consumers.
 constexpr int kHeadsPerBlock = 64;            // the wgmma M
-constexpr int kThreads = 256;                 // two warpgroups
-constexpr int kTileRows = kPageTokens;        // 64 tokens (or index entries) per step
+constexpr int kMathThreads = 256;             // warpgroups 0 and 1
+constexpr int kProducerThreads = 128;         // warpgroup 2
+constexpr int kThreads = kMathThreads + kProducerThreads;
+constexpr int kTileRows = kPageTokens;        // the plan's tiles: 64 tokens (or index entries)
+constexpr int kStageRows = 32;                // rows per pipeline stage
 constexpr int kKBlocks = kRowDim / 64;        // 9 swizzled blocks of 64 bf16 columns
-constexpr int kBlockBytes = 64 * 128;         // 64 rows of 128 bytes
+constexpr int kQBlockBytes = kHeadsPerBlock * 128;
+constexpr int kKvBlockBytes = kStageRows * 128;
+constexpr int kKvStages = 2;
+constexpr int kRawStages = 3;
 constexpr int kRawStride = kLatentDim + 16;   // bytes; conflict-free conversion reads
-// Contraction steps of 16 columns: warpgroup 0 takes steps 0..17 (latent),
-// warpgroup 1 steps 18..35 (latent, then the 4 rope steps, whose scale differs).
-constexpr int kSplitStep = kRowDim / 16 / 2;
-static_assert(kSplitStep - 4 == (kLatentDim / 16) - kSplitStep && kRopeDim == 4 * 16,
-              "warpgroup 1's last four steps are exactly the rope");
+// Contraction steps of 16 columns: math warpgroup w takes the 16 latent steps
+// of blocks 4w .. 4w + 3 and rope steps 2w, 2w + 1 (of 4), so that both run
+// the same instructions on offsets known at compile time.
+constexpr int kLatentStepsPerGroup = kLatentDim / 16 / 2;
+constexpr int kRopeStepsPerGroup = kRopeDim / 16 / 2;
+constexpr int kProducerRegs = 88, kMathRegs = 208;  // 384 x 168 at launch
+// Named barriers: stage s full (producer -> math), stage s empty (math ->
+// producer), the score exchange (math only), the producer's own.
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarExchange = 5, kBarProducer = 6;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-static_assert(kHeadsPerBlock == 64 && kTileRows == 64, "one m64n64 score tile per step");
-static_assert(kLatentDim == 2 * 256, "PV: each warpgroup owns 256 latent dims");
-static_assert(kRowDim % 64 == 0, "whole swizzled blocks");
+static_assert(kLatentStepsPerGroup == 16 && kRopeStepsPerGroup == 2, "DeepSeek MLA widths");
+static_assert(kLatentDim == 2 * 256, "PV: each math warpgroup owns 256 latent dims");
+static_assert(kTileRows % kStageRows == 0 && kStageRows == 32, "stages of 32 rows");
+static_assert(kProducerThreads == 4 * kStageRows, "four producer threads per row");
+static_assert(kProducerRegs * kProducerThreads + kMathRegs * kMathThreads <= kThreads * 168,
+              "setmaxnreg.inc only takes registers the producer released");
+
+struct RawStage {
+  uint8_t latent[kStageRows][kRawStride];
+  uint8_t rope[kStageRows][kRopeDim];
+  float scale[kStageRows][2];
+  int page[kStageRows];                 // pool page of each row, -1 when masked
+  int slot[kStageRows];
+};
 
 struct Smem {
-  uint8_t q[kKBlocks][kBlockBytes];     // queries of the 64 heads, bf16, swizzled
-  uint8_t kv[kKBlocks][kBlockBytes];    // the tile widened to bf16, swizzled
-  float4 xs[2][8][128];                 // partial scores exchanged: [warpgroup][reg / 4][thread]
-  uint8_t raw_latent[kTileRows][kRawStride];  // the next tile's codes, as loaded
-  uint8_t raw_rope[kTileRows][kRopeDim];
-  float raw_scale[kTileRows][2];
-  float c_scale[kTileRows];             // usable scale, 0 for masked rows
-  float r_scale[kTileRows];
-  float bias[kTileRows];                // 0, or -inf for masked rows
-  // Row maps of the next tiles, a ring of two indexed by tile & 1: the pool page
-  // of each row (-1 when masked) and its slot. Filled two tiles ahead, so the
-  // page-table (and index) loads are off the critical path of the tile loop.
-  int row_page[2][kTileRows];
-  int row_slot[2][kTileRows];
+  uint8_t q[kKBlocks][kQBlockBytes];                // queries of the 64 heads, bf16, swizzled
+  uint8_t kv[kKvStages][kKBlocks][kKvBlockBytes];   // stages widened to bf16, swizzled
+  RawStage raw[kRawStages];
+  float4 xs[2][4][128];                 // partial scores exchanged: [warpgroup][reg / 4][thread]
+  float c_scale[kKvStages][kStageRows]; // usable scale, 0 for masked rows
+  float r_scale[kKvStages][kStageRows];
+  float bias[kKvStages][kStageRows];    // 0, or -inf for masked rows
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the swizzled blocks
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
-// Maps entry `e` of request `b` to its pool page (or -1 when masked).
-__device__ __forceinline__ int64_t RowPage(const MlaDecodeParams& p, int b, int64_t e,
-                                           int& slot) {
+// The producer's view of one split: stage n covers entries first + 32n ...
+struct StageSpan {
+  int64_t first;           // first entry (token position, or index slot)
+  int stages;
+  int64_t seq_len;         // the request's cache length
+  const int* table;        // its page-table row
+  const int* indices;      // its index row (sparse), else null
+};
+
+// Row map of stage `n` (32 producer threads, one row each): the pool page of
+// the row (-1 when masked) and its slot.
+__device__ __forceinline__ void MapRow(const MlaDecodeParams& p, const StageSpan& span, int n,
+                                       int r, int& page, int& slot) {
+  const int64_t e = span.first + static_cast<int64_t>(n) * kStageRows + r;
   int64_t pos = e;
-  if (p.indices != nullptr) {
-    if (e >= p.index_stride) return -1;
-    pos = p.indices[b * p.index_stride + e];
-  }
-  if (pos < 0 || pos >= p.seq_lens[b]) return -1;
+  page = -1;
+  slot = 0;
+  if (span.indices != nullptr) pos = e < p.index_stride ? span.indices[e] : -1;
+  if (pos < 0 || pos >= span.seq_len) return;
   slot = static_cast<int>(pos & (kPageTokens - 1));
-  return p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + (pos / kPageTokens)];
+  page = span.table[pos / kPageTokens];
 }
 
-// Issues the cp.async copies of tile `tile` into the raw buffers, with the
-// row map of that tile already in the ring.
-__device__ __forceinline__ void LoadTile(const MlaDecodeParams& p, Smem& sm, int64_t tile) {
-  const int tid = threadIdx.x;
-  const int* const row_page = sm.row_page[tile & 1];
-  const int* const row_slot = sm.row_slot[tile & 1];
-  if (p.indices == nullptr) {
-    // Dense: the tile is one whole page (row r in slot r). Rows past the
+// Issues the cp.async copies of a stage whose row map is in `st`.
+__device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st, int pt) {
+  if (p.indices == nullptr && st.page[0] >= 0) {
+    // Dense: the stage is 32 consecutive slots of one page. Rows past the
     // sequence are loaded too and masked by the row map.
-    const uint8_t* page = p.pool + static_cast<size_t>(row_page[0]) * kPageBytes;
+    const uint8_t* page = p.pool + static_cast<size_t>(st.page[0]) * kPageBytes;
+    const int slot0 = st.slot[0];
 #pragma unroll
-    for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {
-      const int c = tid + i * kThreads;
-      dev::CpAsync16(&sm.raw_latent[c >> 5][(c & 31) * 16], page + kPageLatentOffset + c * 16, true);
+    for (int i = 0; i < kStageRows * 32 / kProducerThreads; ++i) {
+      const int c = pt + i * kProducerThreads;
+      dev::CpAsync16(&st.latent[c >> 5][(c & 31) * 16],
+                     page + kPageLatentOffset + slot0 * kLatentDim + c * 16, true);
     }
-    dev::CpAsync16(&sm.raw_rope[0][0] + tid * 16, page + kPageRopeOffset + tid * 16, true);
-    if (tid < kTileRows) dev::CpAsync8(&sm.raw_scale[tid][0], page + kPageScaleOffset + tid * 8, true);
+    if (pt < kStageRows * 4)
+      dev::CpAsync16(&st.rope[0][0] + pt * 16, page + kPageRopeOffset + slot0 * kRopeDim + pt * 16,
+                     true);
+    if (pt < kStageRows)
+      dev::CpAsync8(&st.scale[pt][0], page + kPageScaleOffset + (slot0 + pt) * 8, true);
     return;
   }
 #pragma unroll
-  for (int i = 0; i < kTileRows * 32 / kThreads; ++i) {  // latent: 64 rows x 32 chunks
-    const int c = tid + i * kThreads;
+  for (int i = 0; i < kStageRows * 32 / kProducerThreads; ++i) {
+    const int c = pt + i * kProducerThreads;
     const int row = c >> 5, part = c & 31;
-    const int page = row_page[row];
+    const int page = st.page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageLatentOffset + row_slot[row] * kLatentDim + part * 16
+                                         kPageLatentOffset + st.slot[row] * kLatentDim + part * 16
                                    : p.pool;
-    dev::CpAsync16(&sm.raw_latent[row][part * 16], src, page >= 0);
+    dev::CpAsync16(&st.latent[row][part * 16], src, page >= 0);
   }
-  {  // rope: 64 rows x 4 chunks, one per thread
-    const int row = tid >> 2, part = tid & 3;
-    const int page = row_page[row];
+  if (pt < kStageRows * 4) {
+    const int row = pt >> 2, part = pt & 3;
+    const int page = st.page[row];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageRopeOffset + row_slot[row] * kRopeDim + part * 16
+                                         kPageRopeOffset + st.slot[row] * kRopeDim + part * 16
                                    : p.pool;
-    dev::CpAsync16(&sm.raw_rope[row][part * 16], src, page >= 0);
+    dev::CpAsync16(&st.rope[row][part * 16], src, page >= 0);
   }
-  if (tid < kTileRows) {  // scales: 64 rows x 8 bytes
-    const int row = tid;
-    const int page = row_page[row];
+  if (pt < kStageRows) {
+    const int page = st.page[pt];
     const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageScaleOffset + row_slot[row] * 8
+                                         kPageScaleOffset + st.slot[pt] * 8
                                    : p.pool;
-    dev::CpAsync8(&sm.raw_scale[row][0], src, page >= 0);
+    dev::CpAsync8(&st.scale[pt][0], src, page >= 0);
   }
 }
 
-// Stores 16 bf16 values (columns 16 * part16 ..) of `row` into a swizzled
-// operand (blocks of 64 columns).
-__device__ __forceinline__ void StoreSwizzled16(uint8_t (*blocks)[kBlockBytes], int row,
-                                                int part16, uint4 lo, uint4 hi) {
-  uint8_t* block = blocks[part16 >> 2];
-  const int chunk = (part16 & 3) * 2;
-  *reinterpret_cast<uint4*>(block + wgmma::SwizzledChunk(row, chunk)) = lo;
-  *reinterpret_cast<uint4*>(block + wgmma::SwizzledChunk(row, chunk + 1)) = hi;
-}
-
-// Widens the raw tile to bf16 (exactly) in the swizzled layout and publishes
+// Widens a raw stage to bf16 (exactly) in the swizzled layout and publishes
 // the per-row scales and mask. Four threads per row, each 8 chunks of 16
 // latent codes and one of rope; a warp's 16-byte reads and writes (8 rows x 4
 // chunks) are free of bank conflicts.
-__device__ __forceinline__ void ConvertTile(Smem& sm, int64_t tile) {
-  static_assert(kThreads == 4 * kTileRows, "four threads per row");
-  const int tid = threadIdx.x;
-  const int row = ((tid >> 5) << 3) + (tid & 7), sub = (tid >> 3) & 3;
-  const uint8_t* src = &sm.raw_latent[row][sub * 16];
-  uint8_t* dst_lo = sm.kv[0] + wgmma::SwizzledChunk(row, 2 * sub);
-  uint8_t* dst_hi = sm.kv[0] + wgmma::SwizzledChunk(row, 2 * sub + 1);
+__device__ __forceinline__ void ConvertStage(Smem& sm, const RawStage& st, int kv, int pt) {
+  const int row = ((pt >> 5) << 3) + (pt & 7), sub = (pt >> 3) & 3;
+  const uint8_t* src = &st.latent[row][sub * 16];
+  uint8_t* dst_lo = sm.kv[kv][0] + wgmma::SwizzledChunk(row, 2 * sub);
+  uint8_t* dst_hi = sm.kv[kv][0] + wgmma::SwizzledChunk(row, 2 * sub + 1);
 #pragma unroll
   for (int i = 0; i < kKBlocks; ++i) {  // blocks 0..7 latent, block 8 rope
     const uint4 codes = *reinterpret_cast<const uint4*>(
-        i < kKBlocks - 1 ? src + i * 64 : &sm.raw_rope[row][sub * 16]);
+        i < kKBlocks - 1 ? src + i * 64 : &st.rope[row][sub * 16]);
     uint4 lo, hi;
     dev::E4m3x16ToBf16(codes, lo, hi);
-    *reinterpret_cast<uint4*>(dst_lo + i * kBlockBytes) = lo;
-    *reinterpret_cast<uint4*>(dst_hi + i * kBlockBytes) = hi;
+    *reinterpret_cast<uint4*>(dst_lo + i * kKvBlockBytes) = lo;
+    *reinterpret_cast<uint4*>(dst_hi + i * kKvBlockBytes) = hi;
   }
-  if (tid < kTileRows) {
-    const bool valid = sm.row_page[tile & 1][tid] >= 0;
-    sm.bias[tid] = valid ? 0.0f : -INFINITY;
-    sm.c_scale[tid] = valid ? dev::UsableScale(sm.raw_scale[tid][0]) : 0.0f;
-    sm.r_scale[tid] = valid ? dev::UsableScale(sm.raw_scale[tid][1]) : 0.0f;
+  if (pt < kStageRows) {
+    const bool valid = st.page[pt] >= 0;
+    sm.bias[kv][pt] = valid ? 0.0f : -INFINITY;
+    sm.c_scale[kv][pt] = valid ? dev::UsableScale(st.scale[pt][0]) : 0.0f;
+    sm.r_scale[kv][pt] = valid ? dev::UsableScale(st.scale[pt][1]) : 0.0f;
   }
   wgmma::FenceProxyAsync();
 }
@@ -181,10 +197,56 @@ __device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, 
   }
 }
 
-// The K-major descriptor of contraction step `ks` (16 columns) of a swizzled
-// 64-row operand.
-__device__ __forceinline__ uint64_t KStepDesc(const uint8_t (*blocks)[kBlockBytes], int ks) {
-  return wgmma::SmemDesc(dev::SmemAddr(blocks[ks >> 2]) + (ks & 3) * 32, 16, 1024);
+// The producer warpgroup: row maps, copies and widening, three raw stages
+// and two bf16 stages ahead of the math.
+__device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm,
+                                        const StageSpan& span) {
+  const int pt = threadIdx.x - kMathThreads;
+  const bool mapper = pt < kStageRows;
+  // Stages 0 and 1: maps, then copies (one cp.async group per stage, empty
+  // groups included, so that "all but the newest group" is always stage n).
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    if (mapper && n < span.stages) MapRow(p, span, n, pt, sm.raw[n].page[pt], sm.raw[n].slot[pt]);
+  }
+  wgmma::BarSync(kBarProducer, kProducerThreads);
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    if (n < span.stages) LoadStage(p, sm.raw[n], pt);
+    dev::CpAsyncCommit();
+  }
+  // The row map of stage n + 3 is loaded into registers one iteration before
+  // it is stored, so its (dependent) index and page-table loads never stall.
+  int map_page = -1, map_slot = 0;
+  if (mapper && 2 < span.stages) MapRow(p, span, 2, pt, map_page, map_slot);
+  for (int n = 0; n < span.stages; ++n) {
+    const int next = n + 2;
+    dev::CpAsyncWait<1>();                              // my copies of stage n landed
+    wgmma::BarSync(kBarProducer, kProducerThreads);     // everyone's; stage n - 1 converted
+    RawStage& nst = sm.raw[next % kRawStages];
+    if (mapper) {
+      nst.page[pt] = map_page;
+      nst.slot[pt] = map_slot;
+      map_page = -1;
+      if (next + 1 < span.stages) MapRow(p, span, next + 1, pt, map_page, map_slot);
+    }
+    wgmma::BarSync(kBarProducer, kProducerThreads);
+    if (next < span.stages) LoadStage(p, nst, pt);
+    dev::CpAsyncCommit();
+    const int kv = n & 1;
+    if (n >= kKvStages) wgmma::BarSync(kBarEmpty + kv, kThreads);  // the math released it
+    ConvertStage(sm, sm.raw[n % kRawStages], kv, pt);
+    wgmma::BarArrive(kBarFull + kv, kThreads);
+  }
+}
+
+// Descriptors are built once and advanced by adding 16-byte units to the
+// start-address field (bits 0..13; shared addresses stay below 256 KB, so the
+// sum never carries out of it). Contraction step ks (16 columns) of a
+// swizzled K-major operand with blocks of `block_bytes` is at
+// (ks / 4) * block_bytes + (ks % 4) * 32 bytes.
+constexpr uint32_t KStepUnits(int ks, int block_bytes) {
+  return static_cast<uint32_t>(((ks >> 2) * block_bytes + (ks & 3) * 32) >> 4);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDecodeParams p) {
@@ -194,32 +256,42 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
 
   const int* w = p.work + 4 * blockIdx.x;
   const int b = w[0], split = w[1];
-  const int64_t tile_begin = w[2], tile_end = w[3];
   const int h0 = blockIdx.y * kHeadsPerBlock;
-  const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;  // warpgroup, thread in it
+  StageSpan span;
+  {
+    const int64_t first = static_cast<int64_t>(w[2]) * kTileRows;
+    const int64_t limit = p.indices != nullptr ? p.index_stride : p.seq_lens[b];
+    const int64_t end = std::min<int64_t>(static_cast<int64_t>(w[3]) * kTileRows, limit);
+    span.first = first;
+    span.stages = end > first ? static_cast<int>((end - first + kStageRows - 1) / kStageRows) : 0;
+    span.seq_len = p.seq_lens[b];
+    span.table = p.page_table + static_cast<int64_t>(p.page_row ? p.page_row[b] : b) * p.page_table_stride;
+    span.indices = p.indices != nullptr ? p.indices + static_cast<int64_t>(b) * p.index_stride : nullptr;
+  }
+  LoadQueries(p, sm, b, h0);
+  wgmma::FenceProxyAsync();
+  __syncthreads();
+
+  // The producer needs few registers; the math warpgroups hold 128 f32
+  // accumulators of O each.
+  if (threadIdx.x >= kMathThreads) {
+    wgmma::RegDealloc<kProducerRegs>();
+    Produce(p, sm, span);
+    return;
+  }
+  wgmma::RegAlloc<kMathRegs>();
+
+  const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;  // math warpgroup, thread in it
   const int lane = threadIdx.x & 31;
   const int row0 = ((wt >> 5) << 4) + (lane >> 2);  // heads row0 and row0 + 8 of the block
   const int q = lane & 3;
   const float scale_log2 = p.softmax_scale * kLog2e;
-
-  // Row maps of the first two tiles (later ones are fetched two tiles ahead).
-  const bool mapper = threadIdx.x < kTileRows;
-  if (mapper) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t t = tile_begin + j;
-      if (t < tile_end) {
-        int slot = 0;
-        const int64_t page = RowPage(p, b, t * kTileRows + threadIdx.x, slot);
-        sm.row_page[t & 1][threadIdx.x] = static_cast<int>(page);
-        sm.row_slot[t & 1][threadIdx.x] = slot;
-      }
-    }
-  }
-  __syncthreads();
-  if (tile_begin < tile_end) LoadTile(p, sm, tile_begin);
-  dev::CpAsyncCommit();
-  LoadQueries(p, sm, b, h0);
+  const uint64_t desc_q_lat = wgmma::SmemDesc(dev::SmemAddr(sm.q[4 * wg]), 16, 1024);
+  const uint64_t desc_kv_lat = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][4 * wg]), 16, 1024);
+  const uint64_t desc_q_rope = wgmma::SmemDesc(dev::SmemAddr(sm.q[kKBlocks - 1]) + wg * 64, 16, 1024);
+  const uint64_t desc_kv_rope =
+      wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][kKBlocks - 1]) + wg * 64, 16, 1024);
+  const uint64_t desc_v = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][4 * wg]), kKvBlockBytes, 1024);
 
   float o[128];  // heads row0 (+8) x this warpgroup's 256 dims: o[4j + 2i + c]
 #pragma unroll
@@ -227,55 +299,36 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
   float m_run[2] = {-INFINITY, -INFINITY};  // rows row0 and row0 + 8
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
 
-  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    dev::CpAsyncWaitAll();
-    __syncthreads();  // raw tile landed; the previous tile's P.V is complete everywhere
-    ConvertTile(sm, tile);
-    __syncthreads();  // bf16 tile ready; raw buffers and this tile's row map free
-    if (tile + 1 < tile_end) LoadTile(p, sm, tile + 1);
-    dev::CpAsyncCommit();
+  for (int n = 0; n < span.stages; ++n) {
+    const int kv = n & 1;
+    wgmma::BarSync(kBarFull + kv, kThreads);
 
-    // Row map of tile + 2, first half: the position (sparse: an index load) and,
-    // for dense, the page-table load. Consumed after P.V, so the loads overlap
-    // this tile's math.
-    int pf_pos = -1, pf_page = -1;
-    if (mapper && tile + 2 < tile_end) {
-      const int64_t e = (tile + 2) * kTileRows + threadIdx.x;
-      if (p.indices != nullptr) {
-        pf_pos = e < p.index_stride ? p.indices[b * p.index_stride + e] : -1;
-      } else if (e < p.seq_lens[b]) {
-        pf_pos = static_cast<int>(e);
-        pf_page = p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + e / kPageTokens];
-      }
-    }
-
-    // ---- partial scores. Both warpgroups run the same steps (so the wgmma
-    // stream is not divergent): 14 into `a` and 4 into `r`, warpgroup 0 over
-    // latent steps 0..13 and 14..17, warpgroup 1 over latent steps 18..31 and
-    // the rope steps 32..35; `r` is scaled by c_scale or r_scale accordingly.
-    float a[32], r[32];
-    const int ks0 = wg * kSplitStep;
+    // ---- partial scores over this warpgroup's latent (a) and rope (r) steps.
+    float a[16], r[16];
+    const uint32_t kv_units = kv * static_cast<uint32_t>(sizeof(sm.kv[0]) >> 4);
     wgmma::Fence();
 #pragma unroll
-    for (int i = 0; i < kSplitStep - 4; ++i)
-      wgmma::M64N64K16SS(a, KStepDesc(sm.q, ks0 + i), KStepDesc(sm.kv, ks0 + i), i > 0);
+    for (int i = 0; i < kLatentStepsPerGroup; ++i)
+      wgmma::M64N32K16SS(a, wgmma::DescAdd(desc_q_lat, KStepUnits(i, kQBlockBytes)),
+                         wgmma::DescAdd(desc_kv_lat, kv_units + KStepUnits(i, kKvBlockBytes)),
+                         i > 0);
 #pragma unroll
-    for (int i = kSplitStep - 4; i < kSplitStep; ++i)
-      wgmma::M64N64K16SS(r, KStepDesc(sm.q, ks0 + i), KStepDesc(sm.kv, ks0 + i),
-                         i > kSplitStep - 4);
+    for (int i = 0; i < kRopeStepsPerGroup; ++i)
+      wgmma::M64N32K16SS(r, wgmma::DescAdd(desc_q_rope, 2 * i),
+                         wgmma::DescAdd(desc_kv_rope, kv_units + 2 * i), i > 0);
     wgmma::Commit();
     wgmma::Wait<0>();
 
-    // Exchange: each warpgroup publishes v = a * c_scale + r * (its r scale);
-    // both then form s = v0 + v1 from the same two values (equal bits). This
+    // Exchange: each warpgroup publishes v = a * c_scale + r * r_scale; both
+    // then form s = v0 + v1 from the same two values (equal bits). This
     // thread's columns are t = 8j + 2q + {0, 1}.
-    float2 cs[8];
+    float2 cs[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[8 * j + 2 * q]);
+    for (int j = 0; j < 4; ++j) cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[kv][8 * j + 2 * q]);
     {
-      const float* rsel = wg == 0 ? sm.c_scale : sm.r_scale;
+      const float* rsel = sm.r_scale[kv];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const float2 rs = *reinterpret_cast<const float2*>(&rsel[8 * j + 2 * q]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -286,75 +339,67 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
         sm.xs[wg][j][wt] = make_float4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]);
       }
     }
-    __syncthreads();
-    float s[32];
+    wgmma::BarSync(kBarExchange, kMathThreads);
+    float s[16];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const float4 other = sm.xs[wg ^ 1][j][wt];
-      const float2 bias = *reinterpret_cast<const float2*>(&sm.bias[8 * j + 2 * q]);
+      const float2 bias = *reinterpret_cast<const float2*>(&sm.bias[kv][8 * j + 2 * q]);
       const float ov[4] = {other.x, other.y, other.z, other.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         s[4 * j + e] = __fmul_rn(__fadd_rn(a[4 * j + e], ov[e]), scale_log2) + ((e & 1) ? bias.y : bias.x);
     }
 
-    // ---- online softmax over the tile's 64 tokens (rows row0, row0 + 8) ------
+    // ---- online softmax over the stage's 32 rows (heads row0, row0 + 8) -----
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int k = 0; k < 32; ++k) mx[(k >> 1) & 1] = fmaxf(mx[(k >> 1) & 1], s[k]);
-    float m_use[2];
+    for (int k = 0; k < 16; ++k) mx[(k >> 1) & 1] = fmaxf(mx[(k >> 1) & 1], s[k]);
+    float m_use[2], alpha[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       const float m_new = fmaxf(m_run[i], mx[i]);
       m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m_run[i] - m_use[i]);
-      l_run[i] *= alpha;
+      alpha[i] = dev::Exp2Approx(m_run[i] - m_use[i]);
+      l_run[i] *= alpha[i];
       m_run[i] = m_new;
+    }
+    // (multiplying by 1 changes nothing, so a warp whose maxima did not move
+    // skips the 128 multiplies)
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        o[4 * j + 2 * i] *= alpha;
-        o[4 * j + 2 * i + 1] *= alpha;
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
       }
     }
-    // P' = p * c_scale in bf16, as the A fragments of the four 16-token steps.
-    uint32_t pa[4][4];
+    // P' = p * c_scale in bf16, as the A fragments of the two 16-row steps.
+    uint32_t pa[2][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float cs0 = cs[j].x, cs1 = cs[j].y;
+    for (int j = 0; j < 4; ++j) {
       float pv[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        pv[e] = exp2f(s[4 * j + e] - m_use[e >> 1]);
+        pv[e] = dev::Exp2Approx(s[4 * j + e] - m_use[e >> 1]);
         l_run[e >> 1] += pv[e];
       }
-      pa[j >> 1][(j & 1) * 2] = dev::PackBf16x2(pv[0] * cs0, pv[1] * cs1);
-      pa[j >> 1][(j & 1) * 2 + 1] = dev::PackBf16x2(pv[2] * cs0, pv[3] * cs1);
+      pa[j >> 1][(j & 1) * 2] = dev::PackBf16x2(pv[0] * cs[j].x, pv[1] * cs[j].y);
+      pa[j >> 1][(j & 1) * 2 + 1] = dev::PackBf16x2(pv[2] * cs[j].x, pv[3] * cs[j].y);
     }
 
     // ---- O += P' V over this warpgroup's 256 dims (V = codes, MN-major) ------
     wgmma::Fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma::M64N256K16RS(o, pa[kk],
-                          wgmma::SmemDesc(dev::SmemAddr(sm.kv[4 * wg]) + kk * 2048,
-                                          kBlockBytes, 1024));
+    for (int kk = 0; kk < 2; ++kk)
+      wgmma::M64N256K16RS(o, pa[kk], wgmma::DescAdd(desc_v, kv_units + kk * (2048 >> 4)));
     wgmma::Commit();
-
-    // Row map of tile + 2, second half (the slot of `tile`, whose readers all
-    // passed the barrier after the conversion; LoadTile(tile + 2) reads it after
-    // the next iteration's first barrier).
-    if (mapper && tile + 2 < tile_end) {
-      if (p.indices != nullptr) {
-        pf_page = pf_pos >= 0 && pf_pos < p.seq_lens[b]
-                      ? p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + pf_pos / kPageTokens]
-                      : -1;
-      }
-      sm.row_page[tile & 1][threadIdx.x] = pf_page;
-      sm.row_slot[tile & 1][threadIdx.x] = pf_pos & (kPageTokens - 1);
-    }
     wgmma::Wait<0>();
+    // The producer waits for this stage only if it has a stage n + 2 to write.
+    if (n + kKvStages < span.stages) wgmma::BarArrive(kBarEmpty + kv, kThreads);
   }
 
   // ---- epilogue ------------------------------------------------------------

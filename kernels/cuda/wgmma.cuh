@@ -25,6 +25,12 @@ __device__ __forceinline__ uint64_t SmemDesc(uint32_t smem_addr, uint32_t lbo, u
          (static_cast<uint64_t>(1) << 62);  // 128-byte swizzle
 }
 
+// `desc` advanced by `units` 16-byte units: a 32-bit add on the start-address
+// field (shared addresses stay below 256 KB, so it never carries out of it).
+__device__ __forceinline__ uint64_t DescAdd(uint64_t desc, uint32_t units) {
+  return (desc & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(desc) + units);
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a swizzled block
 // of rows of 128 bytes whose start is 1024-byte aligned.
 __host__ __device__ constexpr uint32_t SwizzledChunk(int row, int chunk) {
@@ -69,6 +75,20 @@ __device__ __forceinline__ void M64N64K16SS(float (&d)[32], uint64_t desc_a, uin
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
+// d[64 x 32] (+)= A[64 x 16] * B[16 x 32], as M64N64K16SS with j = 0..3.
+__device__ __forceinline__ void M64N32K16SS(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                            bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
 // d[64 x 256] += A[64 x 16] * B[16 x 256]: A bf16 in registers (the
 // m16n8k16 A fragment of each warp's 16 rows), B bf16 in shared memory,
 // MN-major. Accumulator layout as above with j = 0..31.
@@ -110,6 +130,25 @@ __device__ __forceinline__ void M64N256K16RS(float (&d)[128], const uint32_t (&a
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
         "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// Named barriers (id 1..15; 0 is __syncthreads): `count` threads, a multiple
+// of 32, take part; Arrive does not wait.
+__device__ __forceinline__ void BarSync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void BarArrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Register reallocation between warpgroups (all threads of the warpgroup).
+template <int N>
+__device__ __forceinline__ void RegAlloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void RegDealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 }  // namespace strata::cuda::wgmma
