@@ -75,7 +75,10 @@ stop() {  # stops the newest cluster
   unset 'PIDS[-1]'
 }
 gen() {  # gen ADDR ARGS...: greedy text on stdout
-  "$STRATA" generate --server "$1" --temperature 0 --max-tokens 48 "${@:2}" --json 2>"$WORK/gen.err" |
+  sample "$1" --temperature 0 "${@:2}"
+}
+sample() {  # sample ADDR ARGS...: the text on stdout
+  "$STRATA" generate --server "$1" --max-tokens 48 "${@:2}" --json 2>"$WORK/gen.err" |
     python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1]).get("text",""))'
 }
 
@@ -105,6 +108,12 @@ TWIN_TEXT=$(gen "$ADDR" --prompt "$PROMPT" --session twin)
 TWIN_MORE=$(gen "$ADDR" --prompt " A dictionary" --session twin)
 echo "gpu bf16:  $GPU_TEXT"
 check "bf16 GPU generation is deterministic" "$([ "$GPU_TEXT" = "$TWIN_TEXT" ]; echo $?)"
+# Greedy tokens are chosen on the device; sampled ones (and logprobs) from
+# the logits on the host: a seeded sampled request must replay exactly.
+S1=$(sample "$ADDR" --prompt "$PROMPT" --temperature 0.8 --seed 7)
+S2=$(sample "$ADDR" --prompt "$PROMPT" --temperature 0.8 --seed 7)
+echo "gpu bf16 sampled (seed 7): $S1"
+check "seeded sampling on GPU workers replays exactly" "$([ -n "$S1" ] && [ "$S1" = "$S2" ]; echo $?)"
 "$STRATA" session save s --server "$ADDR" > /dev/null 2>&1
 check "session saved" $?
 stop

@@ -433,6 +433,11 @@ int Sampler::Sample(absl::Span<const float> logits, SampleLogprobs* logprobs) {
   return token;
 }
 
+void Sampler::ConsumeDraw() {
+  rng_();
+  ++num_samples_;
+}
+
 std::vector<double> Sampler::Probabilities(
     absl::Span<const float> logits) const {
   CheckRowSize(logits.size(), vocab_size_);

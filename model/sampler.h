@@ -168,6 +168,17 @@ class Sampler {
   uint64_t seed() const { return *params_.seed; }
   int vocab_size() const { return vocab_size_; }
   bool greedy() const { return params_.temperature == 0.0f; }
+  // Greedy with no penalties and no logprobs: the token is the argmax of the
+  // raw logits, so it can be chosen elsewhere (a GPU worker's device argmax)
+  // and reported with ConsumeDraw().
+  bool plain_greedy() const {
+    return greedy() && params_.repetition_penalty == 1.0f && params_.frequency_penalty == 0.0f &&
+           params_.presence_penalty == 0.0f && !params_.logprobs.has_value();
+  }
+  // Advances the generator exactly as one Sample() call does, for a token a
+  // plain_greedy() sampler did not choose itself: the stream stays where
+  // Sample() would have left it.
+  void ConsumeDraw();
   // Number of Sample() calls so far (= generator outputs used).
   int64_t num_samples() const { return num_samples_; }
 

@@ -564,6 +564,54 @@ TEST(SamplerTest, EachSampleUsesExactlyOneDraw) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(a->Sample(flat), b->Sample(flat));
 }
 
+TEST(SamplerTest, ConsumeDrawLeavesTheStreamWhereSampleWould) {
+  // A GPU worker chooses plain greedy tokens on the device and reports each
+  // with ConsumeDraw(): the generator must end where Sample() leaves it.
+  SamplingParams p;
+  p.seed = 91;
+  p.temperature = 0.0f;
+  auto a = MakeSampler(p, 40);
+  auto b = MakeSampler(p, 40);
+  std::vector<float> flat(40, 0.0f);
+  for (int i = 0; i < 3; ++i) {
+    a->Sample(flat);
+    b->ConsumeDraw();
+  }
+  EXPECT_EQ(a->num_samples(), 3);
+  EXPECT_EQ(b->num_samples(), 3);
+  // Same generator position: a temperature-1 sampler with the same seed and
+  // three draws consumed either way draws the same next tokens.
+  SamplingParams q = p;
+  q.temperature = 1.0f;
+  auto c = MakeSampler(q, 40);
+  auto d = MakeSampler(q, 40);
+  for (int i = 0; i < 3; ++i) {
+    c->Sample(flat);
+    d->ConsumeDraw();
+  }
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(c->Sample(flat), d->Sample(flat));
+}
+
+TEST(SamplerTest, PlainGreedyMeansTheArgmaxOfRawLogits) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  EXPECT_TRUE(MakeSampler(p, 10)->plain_greedy());
+  p.top_k = 3;  // truncation never changes the argmax
+  p.top_p = 0.5f;
+  p.min_p = 0.5f;
+  EXPECT_TRUE(MakeSampler(p, 10)->plain_greedy());
+  for (int field = 0; field < 4; ++field) {
+    SamplingParams q = p;
+    if (field == 0) q.repetition_penalty = 1.2f;
+    if (field == 1) q.frequency_penalty = 0.5f;
+    if (field == 2) q.presence_penalty = -0.5f;
+    if (field == 3) q.logprobs = 0;
+    EXPECT_FALSE(MakeSampler(q, 10)->plain_greedy()) << "field " << field;
+  }
+  p.temperature = 0.7f;
+  EXPECT_FALSE(MakeSampler(p, 10)->plain_greedy());
+}
+
 TEST(SamplerTest, GoldenSequenceIsStableAcrossMachines) {
   // Pins the generator, the uniform draw and the walk order: if this changes,
   // seeded requests stop being reproducible across versions. The expected

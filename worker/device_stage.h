@@ -65,6 +65,8 @@ class DeviceStage {
   // when the page pool is short (nothing changed).
   virtual absl::Status Run(absl::Span<const DeviceChunk> chunks, std::vector<float>* hidden) = 0;
   virtual absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits) = 0;
+  // Argmax of each row's logits, on the device (Sampler's greedy rules).
+  virtual absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) = 0;
   // Appends the rows `seq` holds beyond kv->num_tokens() to the mirror.
   virtual absl::Status MirrorRows(const DeviceSequence& seq, SequenceKv* kv) = 0;
   // Appends kv's rows (fp8, as loaded from the store) to an empty `seq`.

@@ -47,6 +47,10 @@ class GpuStage : public DeviceStage {
     return e_->Logits(hidden, rows, logits);
   }
 
+  absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) override {
+    return e_->GreedyTokens(hidden, rows, tokens);
+  }
+
   absl::Status MirrorRows(const DeviceSequence& dseq, SequenceKv* kv) override {
     const GpuSequence& seq = Unwrap(dseq);
     const ModelConfig& c = e_->config();

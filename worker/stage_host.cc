@@ -295,9 +295,12 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   }
   if (!last_stage()) return absl::OkStatus();
 
-  // Last stage: sample one token for every chunk that asks for it.
-  std::vector<float> last_rows;
-  std::vector<int> sample_chunks;
+  // Last stage: sample one token for every chunk that asks for it. On a GPU,
+  // plain greedy rows take the device's argmax (only the ids come back); the
+  // others get their logits rows.
+  std::vector<float> greedy_rows, logit_rows;
+  std::vector<int> sample_chunks, on_device, slot;
+  int n_greedy = 0, n_logits = 0;
   int row = 0;
   for (int i = 0; i < h.chunks_size(); ++i) {
     row += h.chunks(i).tokens_size();
@@ -313,23 +316,35 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
       return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " asks for a token without sampling parameters"));
     }
     const float* src = batch.hidden.data() + static_cast<size_t>(row - 1) * H;
-    last_rows.insert(last_rows.end(), src, src + H);
+    const bool dev = device_ != nullptr && seq.sampler->plain_greedy();
+    std::vector<float>& rows = dev ? greedy_rows : logit_rows;
+    rows.insert(rows.end(), src, src + H);
     sample_chunks.push_back(i);
+    on_device.push_back(dev);
+    slot.push_back(dev ? n_greedy++ : n_logits++);
   }
   if (sample_chunks.empty()) return absl::OkStatus();
   const int V = cfg.vocab_size;
-  std::vector<float> logits(sample_chunks.size() * static_cast<size_t>(V));
-  if (device_) {
-    RETURN_IF_ERROR(device_->Logits(last_rows.data(), static_cast<int>(sample_chunks.size()), &logits));
-  } else {
-    RETURN_IF_ERROR(engine_->Logits(last_rows.data(), static_cast<int>(sample_chunks.size()), logits.data()));
+  std::vector<int> greedy;
+  if (n_greedy > 0) RETURN_IF_ERROR(device_->GreedyTokens(greedy_rows.data(), n_greedy, &greedy));
+  std::vector<float> logits(static_cast<size_t>(n_logits) * V);
+  if (n_logits > 0 && device_) {
+    RETURN_IF_ERROR(device_->Logits(logit_rows.data(), n_logits, &logits));
+  } else if (n_logits > 0) {
+    RETURN_IF_ERROR(engine_->Logits(logit_rows.data(), n_logits, logits.data()));
   }
   for (size_t k = 0; k < sample_chunks.size(); ++k) {
     const v1::StageChunk& c = h.chunks(sample_chunks[k]);
     Seq& seq = seqs_[c.seq_id()];
     SampleLogprobs lp;
-    absl::Span<const float> row_logits(logits.data() + k * V, V);
-    const int token = seq.sampler->Sample(row_logits, seq.logprobs >= 0 ? &lp : nullptr);
+    int token = 0;
+    if (on_device[k]) {
+      token = greedy[slot[k]];
+      seq.sampler->ConsumeDraw();
+    } else {
+      absl::Span<const float> row_logits(logits.data() + static_cast<size_t>(slot[k]) * V, V);
+      token = seq.sampler->Sample(row_logits, seq.logprobs >= 0 ? &lp : nullptr);
+    }
     seq.sampler->Observe(token, /*is_prompt=*/false);
     v1::SampledToken* t = result->add_tokens();
     t->set_seq_id(c.seq_id());

@@ -616,6 +616,56 @@ cudaError_t LaunchPlainGemm(const GemmArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One block per row; each thread keeps its best (value, index) over a strided
+// scan (strictly greater, so its lowest index among equals), then a tree of
+// (value, index) comparisons over the block.
+constexpr int kArgmaxThreads = 512;
+
+__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxRowsKernel(const float* x, int n, int* out) {
+  __shared__ float s_v[kArgmaxThreads / 32];
+  __shared__ int s_i[kArgmaxThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
+  float bv = -INFINITY;
+  int bi = n;  // "none": loses every comparison with a value above -inf
+  for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
+    const float v = row[i];
+    if (v > bv) {  // false for NaN
+      bv = v;
+      bi = i;
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (Better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) s_v[warp] = bv, s_i[warp] = bi;
+  __syncthreads();
+  if (warp != 0) return;
+  bv = lane < kArgmaxThreads / 32 ? s_v[lane] : -INFINITY;
+  bi = lane < kArgmaxThreads / 32 ? s_i[lane] : n;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (Better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  if (lane == 0) out[blockIdx.x] = bi < n && bv > -INFINITY ? bi : 0;
+}
+
+cudaError_t LaunchArgmaxRows(const float* x, int rows, int n, int* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (n <= 0) return cudaErrorInvalidValue;
+  ArgmaxRowsKernel<<<rows, kArgmaxThreads, 0, stream>>>(x, n, out);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchFillUniform(void* dst, bool bf16, int64_t n, uint64_t seed, float offset, float scale,
                               cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;

@@ -186,6 +186,11 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream);
 cudaError_t LaunchMoeCombine(const float* y, const float* w, const float* shared, int rows, int k,
                              int cols, float* out, cudaStream_t stream);
 
+// Greedy sampling: out[r] = argmax of row r of x [rows][n], as Sampler does
+// it: NaN counts as -inf, ties go to the lowest index, and a row with no
+// value above -inf gives 0.
+cudaError_t LaunchArgmaxRows(const float* x, int rows, int n, int* out, cudaStream_t stream);
+
 // A GEMM's operands (kernels/cuda/gemm.h says what they mean).
 enum class GemmType { kF32, kBF16 };
 

@@ -355,6 +355,25 @@ absl::Status GpuEngine::Logits(const float* hidden, int rows, std::vector<float>
   return Synchronize();
 }
 
+absl::Status GpuEngine::GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) {
+  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
+  if (!last_stage()) return absl::FailedPreconditionError("GreedyTokens called on a stage without lm_head");
+  if (rows <= 0) return absl::InvalidArgumentError("GreedyTokens needs at least one row");
+  Impl& im = *impl_;
+  const size_t bytes = static_cast<size_t>(rows) * im.c.hidden_size * sizeof(float);
+  RETURN_IF_ERROR(im.s.hidden.Reserve(bytes));
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.hidden.get(), hidden, bytes, cudaMemcpyHostToDevice, im.stream));
+  const int V = im.c.vocab_size;
+  RETURN_IF_ERROR(im.s.logits.Reserve(static_cast<size_t>(rows) * V * sizeof(float)));
+  RETURN_IF_ERROR(im.s.argmax.Reserve(static_cast<size_t>(rows) * sizeof(int)));
+  RETURN_IF_ERROR(im.Logits(nullptr, rows, im.s.logits.as<float>()));
+  STRATA_CUDA_RETURN(cuda::LaunchArgmaxRows(im.s.logits.as<float>(), rows, V, im.s.argmax.as<int>(), im.stream));
+  tokens->resize(rows);
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(tokens->data(), im.s.argmax.get(), rows * sizeof(int), cudaMemcpyDeviceToHost,
+                                     im.stream));
+  return Synchronize();
+}
+
 absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed) {
   Impl& im = *impl_;
   STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread

@@ -131,6 +131,11 @@ class GpuEngine {
   // output. Last stage only.
   absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits);
 
+  // Greedy tokens for host rows of a stage's output: the argmax of each row's
+  // logits, computed on the device (only the ids come back), with Sampler's
+  // rules (NaN as -inf, ties to the lowest id). Last stage only.
+  absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens);
+
   // Benchmarks: gives `seq` (empty) n_tokens of random cache rows in every
   // layer, as if a context of that length had been prefilled.
   absl::Status FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed);

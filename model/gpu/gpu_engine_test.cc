@@ -5,7 +5,8 @@
 // bf16 production mode agrees on the top-1 token of the trained demo model;
 // DeepSeek-shaped random models exercise the tuned kernels. Also: batch
 // invariance and prefill == decode bit for bit, the KV page budget
-// (RESOURCE_EXHAUSTED leaves the sequence unchanged), and bad input.
+// (RESOURCE_EXHAUSTED leaves the sequence unchanged), bad input, and greedy
+// tokens chosen on the device as the CPU Sampler chooses them.
 // Every case skips on a machine without a CUDA device.
 #include "model/gpu/gpu_engine.h"
 
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +29,8 @@
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/random_model.h"
+#include "model/sampler.h"
+#include "kernels/cuda/layer_ops.h"
 #include "nlohmann/json.hpp"
 
 namespace strata {
@@ -644,6 +648,99 @@ TEST(GpuEngineTest, BadInputIsInvalidArgument) {
   GpuEngineOptions tiny;
   tiny.kv_cache_bytes = 100;
   EXPECT_EQ(GpuEngine::Load(dir, tiny).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The CPU Sampler's greedy choice for one row.
+int SamplerGreedy(const float* row, int n) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.seed = 1;
+  auto s = Sampler::Create(p, n);
+  return (*s)->Sample(absl::Span<const float>(row, n));
+}
+
+TEST(GpuEngineTest, ArgmaxRowsFollowsSamplerRules) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 129280;  // DeepSeek's vocabulary
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<std::vector<float>> rows;
+  for (int r = 0; r < 4; ++r) {  // fresh random rows
+    rows.emplace_back(n);
+    for (float& x : rows.back()) x = normal(rng);
+  }
+  {  // ties at the maximum, far apart: the lowest id wins
+    std::vector<float> r(n, -1.0f);
+    for (int i : {n - 1, 70000, 513, 40000}) r[i] = 5.0f;
+    rows.push_back(r);
+  }
+  {  // NaN everywhere a value could win, and at 0
+    std::vector<float> r(n, 0.5f);
+    r[0] = nan;
+    r[9] = nan;
+    r[12345] = 0.75f;
+    r[12346] = nan;
+    rows.push_back(r);
+  }
+  rows.push_back(std::vector<float>(n, -inf));  // nothing above -inf: token 0
+  rows.push_back(std::vector<float>(n, nan));
+  {  // -inf and NaN only, then one finite value late
+    std::vector<float> r(n, -inf);
+    for (int i = 0; i < n; i += 7) r[i] = nan;
+    r[n - 2] = -1e30f;
+    rows.push_back(r);
+  }
+  {  // +inf ties
+    std::vector<float> r(n, 1.0f);
+    r[777] = inf;
+    r[77] = inf;
+    rows.push_back(r);
+  }
+  const int R = static_cast<int>(rows.size());
+  std::vector<float> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  float* d_x = nullptr;
+  int* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_x), flat.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), R * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_x, flat.data(), flat.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchArgmaxRows(d_x, R, n, d_out, nullptr), cudaSuccess);
+  std::vector<int> got(R);
+  ASSERT_EQ(cudaMemcpy(got.data(), d_out, R * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d_x);
+  cudaFree(d_out);
+  for (int r = 0; r < R; ++r) EXPECT_EQ(got[r], SamplerGreedy(rows[r].data(), n)) << "row " << r;
+  EXPECT_EQ(got[4], 513);
+  EXPECT_EQ(got[6], 0);
+  EXPECT_EQ(got[5], 12345);
+  EXPECT_EQ(got[9], 77);
+}
+
+TEST(GpuEngineTest, GreedyTokensAreTheArgmaxOfTheLogits) {
+  SKIP_WITHOUT_DEVICE();
+  for (const std::string& dir : FixtureDirs()) {
+    SCOPED_TRACE(dir);
+    GpuEngineOptions opt;
+    opt.kv_cache_bytes = 16 << 20;
+    auto engine = GpuEngine::Load(dir, opt);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto seq = (*engine)->NewSequence();
+    ASSERT_TRUE(seq.ok());
+    std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
+    tokens.resize(std::min<size_t>(tokens.size(), 24));
+    GpuChunk c{seq->get(), tokens};
+    std::vector<float> hidden;
+    ASSERT_TRUE((*engine)->RunStage({&c, 1}, &hidden).ok());
+    const int rows = static_cast<int>(tokens.size());
+    std::vector<float> logits;
+    std::vector<int> greedy;
+    ASSERT_TRUE((*engine)->Logits(hidden.data(), rows, &logits).ok());
+    ASSERT_TRUE((*engine)->GreedyTokens(hidden.data(), rows, &greedy).ok());
+    const int V = (*engine)->config().vocab_size;
+    ASSERT_EQ(static_cast<int>(greedy.size()), rows);
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(greedy[r], SamplerGreedy(&logits[static_cast<size_t>(r) * V], V));
+  }
 }
 
 }  // namespace
