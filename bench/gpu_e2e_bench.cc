@@ -23,19 +23,10 @@
 
 namespace {
 
-constexpr const char* kV3 = R"({
-  "model_type": "%s", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
-  "moe_intermediate_size": 2048, "num_hidden_layers": 3, "num_attention_heads": 128,
-  "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-  "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
-  "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
-  "norm_topk_prob": true, "first_k_dense_replace": 1, "moe_layer_freq": 1, "rms_norm_eps": 1e-6,
-  "max_position_embeddings": 163840, "rope_theta": 10000.0,
-  "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-  "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048,
-  "attention_bias": false, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1
-})";
+// DeepSeek-V3's (and V3.2's) real dimensions with three layers: the model
+// directories strata up --synthetic-weights serves (config.json only).
+constexpr const char* kV3Dir = "bench/synthetic/deepseek-v3-3l";
+constexpr const char* kV32Dir = "bench/synthetic/deepseek-v32-3l";
 
 // Device-to-device copy bandwidth (read + write bytes / time), 1 GiB.
 double CopyBandwidth() {
@@ -65,9 +56,7 @@ double CopyBandwidth() {
 
 int main(int argc, char** argv) {
   const bool dsa = argc > 1 && std::strcmp(argv[1], "--dsa") == 0;
-  char json[4096];
-  std::snprintf(json, sizeof(json), kV3, dsa ? "deepseek_v32" : "deepseek_v3");
-  auto config = strata::ParseModelConfig(json);
+  auto config = strata::LoadModelConfig(dsa ? kV32Dir : kV3Dir);  // (run from the tree's root)
   if (!config.ok()) {
     std::fprintf(stderr, "config: %s\n", config.status().ToString().c_str());
     return 1;

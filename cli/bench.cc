@@ -159,6 +159,10 @@ int Serve(const std::vector<std::string>& args) {
   flags.Declare("streams", "comma-separated concurrency levels (default 1,8,32)");
   flags.Declare("worker-threads", "engine threads per worker (default 1)");
   flags.Declare("bin-dir", "directory holding strata-coordinator and strata-worker (passed to strata up)");
+  flags.Declare("device", "passed to strata up: cpu (default) or gpu");
+  flags.Declare("gpu-kv-bytes", "passed to strata up (with --device gpu)");
+  flags.Declare("synthetic-weights", "passed to strata up (with --device gpu): weights generated on the GPU from "
+                                     "this seed, e.g. for --model bench/synthetic/deepseek-v3-3l");
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(args); !st.ok()) return Fail(std::string(st.message()), 2);
   if (flags.Has("help")) {
@@ -208,7 +212,9 @@ int Serve(const std::vector<std::string>& args) {
   for (int s : *stages) {
     std::vector<std::string> up = {self, "up", "--workers", absl::StrCat(s), "--model", model, "--port", "0",
                                    "--no-kvstore", "--worker-threads", absl::StrCat(*threads)};
-    if (flags.Has("bin-dir")) up.insert(up.end(), {"--bin-dir", flags.Get("bin-dir")});
+    for (const char* pass : {"bin-dir", "device", "gpu-kv-bytes", "synthetic-weights"}) {
+      if (flags.Has(pass)) up.insert(up.end(), {absl::StrCat("--", pass), flags.Get(pass)});
+    }
     UpProcess cluster;
     const std::string address = cluster.Start(up, 180);
     if (address.empty()) {

@@ -97,6 +97,10 @@ TEST(CliUpTest, GpuFlagsAreCheckedAndAMissingGpuIsExplained) {
   EXPECT_EQ(Strata("up --device tpu").code, 2);
   EXPECT_EQ(Strata("up --gpu-kv-bytes 1000000").code, 2);
   EXPECT_EQ(Strata("up --gpu-gemm f32").code, 2);
+  const RunResult syn = Strata(std::string("up --synthetic-weights 7 --model ") + STRATA_SOURCE_DIR + "/models/demo",
+                               /*keep_stderr=*/true);
+  EXPECT_EQ(syn.code, 2);
+  EXPECT_NE(syn.out.find("need --device gpu"), std::string::npos) << syn.out;
   const RunResult r = Strata(std::string("up --device gpu --workers 1 --no-kvstore --port 0 --ready-timeout 5 ") +
                                  "--model " + STRATA_SOURCE_DIR + "/models/demo",
                              /*keep_stderr=*/true, /*timeout_s=*/30);

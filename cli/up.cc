@@ -140,6 +140,8 @@ int Up(const std::vector<std::string>& args) {
   flags.Declare("device", "where workers run their layers: cpu (default) or gpu (every worker on GPU 0)");
   flags.Declare("gpu-kv-bytes", "with --device gpu: KV bytes each worker reserves on the GPU (default 1073741824)");
   flags.Declare("gpu-gemm", "with --device gpu: bf16 (default) or f32 GEMMs (a test mode matching the CPU engine)");
+  flags.Declare("synthetic-weights", "with --device gpu: generate the weights on the GPU from this seed instead of "
+                                     "reading them (--model then needs only config.json)");
   flags.Declare("placement", "manual placement, e.g. 0-1:w0,2-3:w1");
   flags.Declare("max-running", "sequences generating at once (default 64)");
   flags.Declare("bin-dir", "directory holding strata-coordinator, strata-worker, strata-kvstore");
@@ -168,8 +170,8 @@ int Up(const std::vector<std::string>& args) {
   const std::string device = flags.Get("device", "cpu");
   if (device != "cpu" && device != "gpu") return Fail("--device must be cpu or gpu, not '" + device + "'", 2);
   const bool gpu = device == "gpu";
-  if (!gpu && (flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm"))) {
-    return Fail("--gpu-kv-bytes and --gpu-gemm need --device gpu", 2);
+  if (!gpu && (flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm") || flags.Has("synthetic-weights"))) {
+    return Fail("--gpu-kv-bytes, --gpu-gemm and --synthetic-weights need --device gpu", 2);
   }
   const std::string kv_bin = FindBinary(bin_dir, "strata-kvstore", "kvstore");
   if (coord_bin.empty() || worker_bin.empty()) {
@@ -216,6 +218,7 @@ int Up(const std::vector<std::string>& args) {
   if (!kv_address.empty()) cargs.insert(cargs.end(), {"--kvstore", kv_address});
   if (flags.Has("kv-dtype")) cargs.insert(cargs.end(), {"--kv-dtype", flags.Get("kv-dtype")});
   if (flags.Has("placement")) cargs.insert(cargs.end(), {"--placement", flags.Get("placement")});
+  if (flags.Has("synthetic-weights")) cargs.insert(cargs.end(), {"--synthetic-weights", flags.Get("synthetic-weights")});
   pid_t cpid = Spawn(cargs, pipe_fds[1]);
   close(pipe_fds[1]);
   g_children.push_back({"strata-coordinator", cpid});

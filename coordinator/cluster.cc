@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "model/config.h"
 #include "worker/stage_wire.h"
 
 namespace strata::coordinator {
@@ -25,7 +26,13 @@ std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(ClusterOptions options) {
-  ASSIGN_OR_RETURN(ModelLayout layout, ReadModelLayout(options.model_dir, options.kv_dtype));
+  ModelLayout layout;
+  if (options.synthetic_seed.has_value()) {
+    ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(options.model_dir));
+    layout = SyntheticModelLayout(config, options.kv_dtype);
+  } else {
+    ASSIGN_OR_RETURN(layout, ReadModelLayout(options.model_dir, options.kv_dtype));
+  }
   if (options.workers < 1) return absl::InvalidArgumentError("the cluster needs at least one worker");
   return std::unique_ptr<Cluster>(new Cluster(std::move(options), std::move(layout)));
 }
@@ -185,6 +192,8 @@ absl::Status Cluster::PlaceAndAssign() {
     req.set_kv_dtype(options_.kv_dtype == KvDtype::kF32 ? v1::KV_DTYPE_F32 : v1::KV_DTYPE_FP8);
     req.set_kvstore_address(options_.kvstore_address);
     req.set_model_fingerprint(options_.model_fingerprint);
+    req.set_synthetic_weights(options_.synthetic_seed.has_value());
+    req.set_synthetic_seed(options_.synthetic_seed.value_or(0));
     req.set_threads(options_.worker_threads);
     const std::string address = alive[a.worker].address;
     calls.push_back(std::async(std::launch::async, [req, address, s] {

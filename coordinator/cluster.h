@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,9 @@ struct ClusterOptions {
   KvDtype kv_dtype = KvDtype::kFp8;
   std::string kvstore_address;     // empty: no session persistence
   uint64_t model_fingerprint = 0;  // sent to the workers for the KV store
+  // Weights generated on the GPU workers from this seed (placement from
+  // config.json alone): --synthetic-weights.
+  std::optional<uint64_t> synthetic_seed;
   PlacementOptions placement;
   int worker_threads = 0;          // engine threads per worker (0: the worker's default)
   absl::Duration heartbeat_interval = absl::Milliseconds(500);

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,8 @@ int main(int argc, char** argv) {
   flags.Declare("prefill-chunk", "most prompt tokens of one sequence per step (default 256)");
   flags.Declare("worker-threads", "engine threads per worker (default 0: the worker's own setting)");
   flags.Declare("down-after-ms", "a worker silent this long is down (default 3000)");
+  flags.Declare("synthetic-weights", "generate the weights on the GPU workers from this seed instead of reading "
+                                     "them (only config.json is read; benchmarks at real dimensions)");
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
   if (flags.Has("help")) {
@@ -71,6 +74,12 @@ int main(int argc, char** argv) {
   }
   const std::string kv = flags.Get("kv-dtype", "fp8");
   if (kv != "fp8" && kv != "f32") return Usage("--kv-dtype must be fp8 or f32", flags);
+  std::optional<uint64_t> synthetic_seed;
+  if (flags.Has("synthetic-weights")) {
+    auto seed = flags.GetInt("synthetic-weights", 0);
+    if (!seed.ok() || *seed < 0) return Usage("--synthetic-weights must be a non-negative integer seed", flags);
+    synthetic_seed = static_cast<uint64_t>(*seed);
+  }
 
   sigset_t set;
   sigemptyset(&set);
@@ -90,9 +99,11 @@ int main(int argc, char** argv) {
   co.placement_override = flags.Get("placement");
   co.kv_dtype = kv == "f32" ? strata::KvDtype::kF32 : strata::KvDtype::kFp8;
   co.kvstore_address = flags.Get("kvstore");
+  co.synthetic_seed = synthetic_seed;
   std::unique_ptr<KvSessionClient> store;
   if (!co.kvstore_address.empty()) {
-    auto fingerprint = strata::ModelFingerprint(co.model_dir);
+    auto fingerprint = synthetic_seed ? strata::SyntheticModelFingerprint(co.model_dir, *synthetic_seed)
+                                      : strata::ModelFingerprint(co.model_dir);
     if (!fingerprint.ok()) {
       std::fprintf(stderr, "strata-coordinator: %s\n", std::string(fingerprint.status().message()).c_str());
       return 1;

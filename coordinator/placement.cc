@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "model/random_model.h"
 #include "model/safetensors.h"
 
 namespace strata::coordinator {
@@ -79,6 +80,16 @@ ModelLayout LayoutFromTensors(const ModelConfig& c, KvDtype kv_dtype,
     m.kv_bytes_per_token.push_back(KvPerToken(c, kv_dtype, l));
   }
   return m;
+}
+
+ModelLayout SyntheticModelLayout(const ModelConfig& config, KvDtype kv_dtype) {
+  std::vector<std::pair<std::string, uint64_t>> tensors;
+  for (const auto& [name, shape] : CheckpointTensorShapes(config)) {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    tensors.emplace_back(name, 2 * n);
+  }
+  return LayoutFromTensors(config, kv_dtype, tensors);
 }
 
 absl::StatusOr<ModelLayout> ReadModelLayout(const std::string& model_dir, KvDtype kv_dtype) {

@@ -41,6 +41,11 @@ struct ModelLayout {
 // scales), f32 4 × (kv_lora + rope); plus 4 × index_head_dim for a layer
 // with its own DSA indexer.
 absl::StatusOr<ModelLayout> ReadModelLayout(const std::string& model_dir, KvDtype kv_dtype);
+// The same for a model whose weights are generated on the GPU workers
+// (--synthetic-weights): the tensors a checkpoint of `config` would hold
+// (CheckpointTensorShapes), at 2 bytes per value (bf16, as the GPU holds
+// them). Reads nothing.
+ModelLayout SyntheticModelLayout(const ModelConfig& config, KvDtype kv_dtype);
 // The same from a parsed config and a tensor name → bytes map (tests).
 ModelLayout LayoutFromTensors(const ModelConfig& config, KvDtype kv_dtype,
                               const std::vector<std::pair<std::string, uint64_t>>& tensors);

@@ -1,6 +1,11 @@
 #include "coordinator/placement.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "gtest/gtest.h"
+#include "model/random_model.h"
 
 namespace strata::coordinator {
 namespace {
@@ -101,6 +106,39 @@ TEST(PlacementTest, OverrideIsParsedAndChecked) {
     auto p = PlanOverride(m, Workers(2), NoKv(), bad);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(PlacementTest, SyntheticLayoutIsACheckpointsLayoutInBf16) {
+  // A DeepSeek-V3.2-shaped config (MLA, DSA indexer, dense and MoE layers,
+  // shared experts): the layout computed from the config alone must equal
+  // the one read from a checkpoint written for it (f32 there, so half).
+  const std::string config = R"({
+    "model_type": "deepseek_v32", "vocab_size": 61, "hidden_size": 32, "intermediate_size": 48,
+    "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 4, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+    "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8, "max_position_embeddings": 128
+  })";
+  const std::string dir =
+      (std::filesystem::path(::testing::TempDir()) / ("synthetic_layout_" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(WriteRandomModel(dir, config).ok());
+  auto read = ReadModelLayout(dir, KvDtype::kFp8);
+  auto cfg = ParseModelConfig(config);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const ModelLayout syn = SyntheticModelLayout(*cfg, KvDtype::kFp8);
+  ASSERT_EQ(syn.num_layers, read->num_layers);
+  for (int l = 0; l < syn.num_layers; ++l) {
+    EXPECT_EQ(2 * syn.layer_weight_bytes[l], read->layer_weight_bytes[l]) << "layer " << l;
+    EXPECT_EQ(syn.kv_bytes_per_token[l], read->kv_bytes_per_token[l]) << "layer " << l;
+  }
+  EXPECT_EQ(2 * syn.embed_bytes, read->embed_bytes);
+  EXPECT_EQ(2 * syn.head_bytes, read->head_bytes);
+  EXPECT_EQ(syn.can_cut_before, read->can_cut_before);
+  EXPECT_GT(syn.layer_weight_bytes[2], syn.layer_weight_bytes[0]);  // MoE above dense here
 }
 
 TEST(PlacementTest, RejectsNoWorkers) {

@@ -74,15 +74,35 @@ uint64_t Fingerprint64::Finish() const {
   return h;
 }
 
-absl::StatusOr<uint64_t> ModelFingerprint(const std::string& dir) {
+namespace {
+
+absl::StatusOr<std::string> ReadConfigText(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
   std::ifstream f(config_path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", config_path));
   std::stringstream config;
   config << f.rdbuf();
+  return config.str();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> SyntheticModelFingerprint(const std::string& dir, uint64_t seed) {
+  ASSIGN_OR_RETURN(const std::string config, ReadConfigText(dir));
+  Fingerprint64 fp;
+  fp.UpdateField("synthetic weights");
+  fp.UpdateField(config);
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(seed >> (8 * i));
+  fp.UpdateField(le, sizeof(le));
+  return fp.Finish();
+}
+
+absl::StatusOr<uint64_t> ModelFingerprint(const std::string& dir) {
+  ASSIGN_OR_RETURN(const std::string config, ReadConfigText(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::OpenDir(dir));
   Fingerprint64 fp;
-  fp.UpdateField(config.str());
+  fp.UpdateField(config);
   for (const std::string& header : store->HeaderTexts()) fp.UpdateField(header);
   for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"}) {
     absl::StatusOr<absl::Span<const uint8_t>> bytes = store->ReadRaw(name);

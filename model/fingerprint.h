@@ -52,6 +52,12 @@ class Fingerprint64 {
 // missing; other errors from opening the safetensors files.
 absl::StatusOr<uint64_t> ModelFingerprint(const std::string& dir);
 
+// The fingerprint of a model whose weights are generated from `seed` on the
+// device (--synthetic-weights): the field "synthetic weights", the bytes of
+// config.json, then the seed (u64 LE), so it never equals a checkpoint's.
+// NOT_FOUND when config.json is missing.
+absl::StatusOr<uint64_t> SyntheticModelFingerprint(const std::string& dir, uint64_t seed);
+
 }  // namespace strata
 
 #endif  // STRATA_MODEL_FINGERPRINT_H_

@@ -89,6 +89,24 @@ TEST_F(FingerprintTest, MissingModelIsNotFound) {
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(FingerprintTest, SyntheticWeightsHaveTheirOwnIdentity) {
+  const std::string a = Model("syn", 5);
+  auto s1 = SyntheticModelFingerprint(a, 1), s1b = SyntheticModelFingerprint(a, 1);
+  auto s2 = SyntheticModelFingerprint(a, 2), real = ModelFingerprint(a);
+  ASSERT_TRUE(s1.ok() && s1b.ok() && s2.ok() && real.ok());
+  EXPECT_EQ(*s1, *s1b);
+  EXPECT_NE(*s1, *s2);    // another seed, other weights
+  EXPECT_NE(*s1, *real);  // never a checkpoint's
+  std::ofstream(a + "/config.json", std::ios::app) << "\n";
+  auto edited = SyntheticModelFingerprint(a, 1);
+  ASSERT_TRUE(edited.ok());
+  EXPECT_NE(*s1, *edited);
+  EXPECT_EQ(SyntheticModelFingerprint((fs::path(::testing::TempDir()) / "no_such_model_dir").string(), 1)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST(Fingerprint64Test, SplitUpdatesEqualOneUpdateAndFieldsAreDelimited) {
   const std::string s = "the quick brown fox jumps over the lazy dog, 0123456789";
   Fingerprint64 whole;

@@ -14,9 +14,11 @@
 namespace strata {
 namespace {
 
+// Collects a checkpoint's tensors: with values drawn (WriteRandomModel), or
+// names and shapes only (CheckpointTensorShapes).
 class Builder {
  public:
-  explicit Builder(uint64_t seed) : seed_(seed) {}
+  Builder(uint64_t seed, bool draw) : seed_(seed), draw_(draw) {}
 
   // Gaussian values of standard deviation `std` around `mean`. Each tensor
   // draws from its own stream (seed, name), so a tensor has the same values
@@ -31,6 +33,10 @@ class Builder {
   void Add(const std::string& name, std::vector<int64_t> shape, float std, float mean = 0.0f) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    if (!draw_) {
+      shapes_.emplace_back(name, std::move(shape));
+      return;
+    }
     Put(name, std::move(shape), Draw(name, n, std, mean));
   }
   void Put(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
@@ -53,18 +59,17 @@ class Builder {
     Linear(prefix + ".down_proj", inter, hidden);
   }
   const std::vector<TensorToWrite>& tensors() const { return tensors_; }
+  const std::vector<TensorShape>& shapes() const { return shapes_; }
 
  private:
   uint64_t seed_;
+  bool draw_;
   std::vector<TensorToWrite> tensors_;
+  std::vector<TensorShape> shapes_;
 };
 
-}  // namespace
-
-absl::Status WriteRandomModel(const std::string& dir, const std::string& config_json,
-                              const RandomModelOptions& options) {
-  ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_json));
-  Builder b(options.seed);
+// Every tensor of a checkpoint of `c`, in the order a checkpoint lists them.
+void BuildTensors(const ModelConfig& c, const RandomModelOptions& options, Builder& b) {
   const int H = c.hidden_size;
   b.Add("model.embed_tokens.weight", {c.vocab_size, H}, 1.0f);
   b.Norm("model.norm.weight", H);
@@ -99,7 +104,7 @@ absl::Status WriteRandomModel(const std::string& dir, const std::string& config_
     b.Linear(p + "mlp.gate", H, c.n_routed_experts);
     b.Add(p + "mlp.gate.e_score_correction_bias", {c.n_routed_experts}, 0.05f);
     const int I = c.moe_intermediate_size;
-    if (options.fused_experts) {
+    if (options.fused_experts) {  // (WriteRandomModel only)
       // The values the per-expert layout would hold, packed [E, 2I, H] and [E, H, I].
       std::vector<float> gate_up, down;
       const float sh = 1.0f / std::sqrt(static_cast<float>(H)), si = 1.0f / std::sqrt(static_cast<float>(I));
@@ -119,6 +124,21 @@ absl::Status WriteRandomModel(const std::string& dir, const std::string& config_
     }
     if (c.n_shared_experts > 0) b.Mlp(p + "mlp.shared_experts", H, I * c.n_shared_experts);
   }
+}
+
+}  // namespace
+
+std::vector<TensorShape> CheckpointTensorShapes(const ModelConfig& config) {
+  Builder b(0, /*draw=*/false);
+  BuildTensors(config, RandomModelOptions{}, b);
+  return b.shapes();
+}
+
+absl::Status WriteRandomModel(const std::string& dir, const std::string& config_json,
+                              const RandomModelOptions& options) {
+  ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_json));
+  Builder b(options.seed, /*draw=*/true);
+  BuildTensors(c, options, b);
   RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", b.tensors()));
   std::ofstream out(dir + "/config.json", std::ios::binary | std::ios::trunc);
   out << config_json;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct DeviceStageOptions {
   int device = 0;
   int64_t kv_cache_bytes = int64_t{4} << 30;  // the page pool, reserved at load
   bool f32_gemm = false;                       // test mode
+  // Weights generated on the device from this seed (only config.json is
+  // read): GpuEngine::CreateSynthetic.
+  std::optional<uint64_t> synthetic_seed;
 };
 
 class DeviceSequence {

@@ -126,7 +126,13 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   o.kv_cache_bytes = options.kv_cache_bytes;
   o.device = options.device;
   o.f32_gemm = options.f32_gemm;
-  ASSIGN_OR_RETURN(auto engine, GpuEngine::Load(model_dir, o));
+  std::unique_ptr<GpuEngine> engine;
+  if (options.synthetic_seed.has_value()) {
+    ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
+    ASSIGN_OR_RETURN(engine, GpuEngine::CreateSynthetic(config, o, *options.synthetic_seed));
+  } else {
+    ASSIGN_OR_RETURN(engine, GpuEngine::Load(model_dir, o));
+  }
   const int64_t page_bytes = options.kv_cache_bytes / std::max<int64_t>(1, engine->total_pages());
   return std::unique_ptr<DeviceStage>(new GpuStage(std::move(engine), layer_begin, page_bytes));
 }

@@ -59,6 +59,11 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
     std::lock_guard<std::mutex> l(mu_);
     ready_ = false;
   }
+  if (req.synthetic_weights() && !options_.gpu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options_.name, " runs on the CPU; synthetic weights are generated on a GPU: start the workers with "
+                       "--device gpu"));
+  }
   if (options_.gpu && req.kv_dtype() == v1::KV_DTYPE_F32) {
     return absl::InvalidArgumentError(absl::StrCat(options_.name, " runs its layers on a GPU, which keeps the KV "
                                                    "cache in fp8; assign it with kv dtype fp8"));
@@ -69,7 +74,9 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
     // Reuse the loaded engine when only the epoch or the neighbours changed.
     std::lock_guard<std::mutex> s(state_mu_);
     if (loaded() && request_.model_dir() == req.model_dir() && request_.layer_begin() == req.layer_begin() &&
-        request_.layer_end() == req.layer_end() && request_.kv_dtype() == req.kv_dtype()) {
+        request_.layer_end() == req.layer_end() && request_.kv_dtype() == req.kv_dtype() &&
+        request_.synthetic_weights() == req.synthetic_weights() &&
+        request_.synthetic_seed() == req.synthetic_seed()) {
       engine = std::move(engine_);
       if (device_) seqs_.clear();  // device sequences go before their engine
       device = std::move(device_);
@@ -82,8 +89,9 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
       seqs_.clear();
       device_.reset();
     }
-    ASSIGN_OR_RETURN(device, DeviceStage::Create(req.model_dir(), req.layer_begin(), req.layer_end(),
-                                                 options_.gpu_options));
+    DeviceStageOptions dso = options_.gpu_options;
+    if (req.synthetic_weights()) dso.synthetic_seed = req.synthetic_seed();
+    ASSIGN_OR_RETURN(device, DeviceStage::Create(req.model_dir(), req.layer_begin(), req.layer_end(), dso));
   } else if (!options_.gpu && !engine) {
     ASSIGN_OR_RETURN(engine, Engine::Load(req.model_dir(), eo));
   }
