@@ -120,6 +120,14 @@ struct GpuEngine::Impl {
 
   absl::Status Attention(const GpuStep& st, int global_layer, int local_layer, const float* x, float* out);
   absl::Status Mlp(const GpuStep& st, int global_layer, int local_layer, const float* x, float* out);
+  // Whether the routed experts of local layer `l` run as device matrix-vector
+  // products (cuda::LaunchMoeGemv) for a step of `rows` rows: up to
+  // kMoeGemvMaxRows rows, or any step in the batch-invariant mode (up to
+  // cuda::kMoeGemvMaxEntries entries); experts without biases, widths that
+  // are multiples of 8. Builds the layer's table of expert pointers on first
+  // use.
+  bool UseMoeGemv(int l, int rows);
+  std::vector<gpu::DeviceBuffer> expert_tables;  // per local layer: [2 * experts] pointers
   absl::Status RunMlp(const gpu::DMlp& m, int rows, const float* x, float* out);
   absl::Status Indexer(const GpuStep& st, int local_layer, const float* x, const float* q_latent);
   absl::Status RunLayers(const GpuStep& st);

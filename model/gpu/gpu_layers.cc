@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/dsa_indexer.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/moe_gemv.h"
 #include "model/gpu/gpu_engine_impl.h"
 
 namespace strata {
@@ -287,6 +288,41 @@ absl::Status GpuEngine::Impl::RunMlp(const gpu::DMlp& m, int rows, const float* 
   return Linear(s.mlp_act.as<float>(), rows, m.down, out);
 }
 
+// Up to this many rows an expert has at most this many entries (a row's k
+// experts are distinct), one group of the matrix-vector kernel, so every
+// weight row is read once; with more, experts shared by many rows are better
+// served by GEMMs.
+constexpr int kMoeGemvMaxRows = 4;
+
+bool GpuEngine::Impl::UseMoeGemv(int l, int rows) {
+  const gpu::DLayer& d = w->layers[l];
+  const int entries = rows * c.num_experts_per_tok;
+  if (d.experts.empty() || entries > cuda::kMoeGemvMaxEntries || d.experts.size() > 1024) return false;
+  if (rows > kMoeGemvMaxRows && !opt.batch_invariant_gemm) return false;
+  const int inter = d.experts[0].gate_up.out / 2;
+  if (c.hidden_size % 8 != 0 || inter % 8 != 0) return false;
+  if (expert_tables.size() != w->layers.size()) expert_tables.resize(w->layers.size());
+  if (expert_tables[l].bytes() != 0) return true;
+  const size_t E = d.experts.size();
+  std::vector<const void*> ptrs(2 * E);
+  for (size_t e = 0; e < E; ++e) {
+    const gpu::DMlp& m = d.experts[e];
+    if (m.gate_up.bias() != nullptr || m.down.bias() != nullptr || m.gate_up.out != 2 * inter ||
+        m.down.in != inter || m.gate_up.type != d.experts[0].gate_up.type || m.down.type != m.gate_up.type) {
+      return false;
+    }
+    ptrs[e] = m.gate_up.w.get();
+    ptrs[E + e] = m.down.w.get();
+  }
+  auto table = gpu::DeviceBuffer::Alloc(ptrs.size() * sizeof(void*));
+  if (!table.ok() || cudaMemcpy(table->get(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice) !=
+                         cudaSuccess) {
+    return false;  // (the host-dispatched path needs no table)
+  }
+  expert_tables[l] = std::move(*table);
+  return true;
+}
+
 absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* x, float* out) {
   const gpu::DLayer& d = w->layers[l];
   const int rows = st.rows, H = c.hidden_size;
@@ -309,6 +345,50 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
   rp.expert_ids = s.moe_ids.as<int>();
   rp.expert_weights = s.moe_w.as<float>();
   STRATA_CUDA_RETURN(cuda::LaunchMoeRoute(rp, stream));
+  const float* shared = nullptr;
+  if (UseMoeGemv(l, rows)) {
+    // Small batches (and every batch in the batch-invariant mode): the
+    // routed experts as matrix-vector products on the device, no host trip.
+    if (c.n_shared_experts > 0) {
+      RETURN_IF_ERROR(Reserve<float>(s.shared_out, int64_t{rows} * H));
+      RETURN_IF_ERROR(RunMlp(d.shared, rows, x, s.shared_out.as<float>()));
+      shared = s.shared_out.as<float>();
+    }
+    const int n = rows * K, inter = d.experts[0].gate_up.out / 2;
+    RETURN_IF_ERROR(Reserve<int>(s.moe_idx, int64_t{n} + 2 * (E + 1)));
+    RETURN_IF_ERROR(Reserve<float>(s.moe_in, int64_t{n} * inter));
+    RETURN_IF_ERROR(Reserve<float>(s.expert_out, int64_t{n} * H));
+    const void* const* tables = expert_tables[l].as<const void*>();
+    cuda::MoeGemvParams mp;
+    mp.type = d.experts[0].gate_up.type;
+    mp.gate_up = tables;
+    mp.down = tables + E;
+    mp.experts = E;
+    mp.hidden = H;
+    mp.inter = inter;
+    mp.x = x;
+    mp.expert_ids = s.moe_ids.as<int>();
+    mp.rows = rows;
+    mp.k = K;
+    mp.offsets = s.moe_idx.as<int>();
+    mp.used = s.moe_idx.as<int>() + E + 1;
+    mp.list = s.moe_idx.as<int>() + 2 * (E + 1);
+    mp.act = s.moe_in.as<float>();
+    mp.y = s.expert_out.as<float>();
+    STRATA_CUDA_RETURN(cuda::LaunchMoeGemv(mp, stream));
+    if (opt.profile_layers) {
+      std::vector<int> offsets(E + 1);
+      STRATA_CUDA_RETURN(cudaMemcpyAsync(offsets.data(), mp.offsets, offsets.size() * sizeof(int),
+                                         cudaMemcpyDeviceToHost, stream));
+      STRATA_CUDA_RETURN(cudaStreamSynchronize(stream));
+      int used = 0;
+      for (int e = 0; e < E; ++e) used += offsets[e + 1] > offsets[e];
+      profile[l].experts_used = used;
+    }
+    STRATA_CUDA_RETURN(cuda::LaunchMoeCombine(s.expert_out.as<float>(), s.moe_w.as<float>(), shared, rows, K, H, out,
+                                              stream));
+    return absl::OkStatus();
+  }
 
   // Dispatch on the host: each expert's rows run as one batch. The ids come
   // down while the device runs the shared experts.
@@ -323,7 +403,6 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
   STRATA_CUDA_RETURN(cudaMemcpyAsync(pinned_ids, s.moe_ids.get(), n_ids * sizeof(int), cudaMemcpyDeviceToHost,
                                      stream));
   STRATA_CUDA_RETURN(cudaEventRecord(ids_ready, stream));
-  const float* shared = nullptr;
   if (c.n_shared_experts > 0) {
     RETURN_IF_ERROR(Reserve<float>(s.shared_out, int64_t{rows} * H));
     RETURN_IF_ERROR(RunMlp(d.shared, rows, x, s.shared_out.as<float>()));

@@ -1,0 +1,51 @@
+// Routed experts of a small batch on the device, with no host round trip
+// (docs/gpu-engine.md, "MoE"). After the router (LaunchMoeRoute) has chosen
+// k experts per row, for every entry (row r, slot j) with expert e:
+//
+//   act[r*k + j] = silu(gate_e x_r) * (up_e x_r)      (inter values)
+//   y[r*k + j]   = down_e act[r*k + j]                 (hidden values)
+//
+// and LaunchMoeCombine sums the y of a row with the routing weights. Three
+// launches: one block groups the entries by expert (offsets, a list, and the
+// used experts), then the gate/up and the down products as matrix-vector
+// kernels over each used expert's weight rows (a grid over the used experts
+// only: rows * k of them at most) —
+// every weight row is read once per group of up to four entries, so the
+// cost is the used experts' bytes, as the weights' bandwidth allows. Each
+// entry's dot products run in a fixed order whatever else is in the batch
+// (batch invariant). Entries whose id is out of range get y = 0.
+#ifndef STRATA_KERNELS_CUDA_MOE_GEMV_H_
+#define STRATA_KERNELS_CUDA_MOE_GEMV_H_
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/layer_ops.h"
+
+namespace strata::cuda {
+
+struct MoeGemvParams {
+  GemmType type = GemmType::kBF16;   // of the expert weights
+  const void* const* gate_up = nullptr;  // [experts] device pointers: [2 * inter][hidden], gate rows first
+  const void* const* down = nullptr;     // [experts] device pointers: [hidden][inter]
+  int experts = 0, hidden = 0, inter = 0;  // hidden and inter multiples of 8
+  const float* x = nullptr;          // [rows][hidden]
+  const int* expert_ids = nullptr;   // [rows][k]
+  int rows = 0, k = 0;
+  // Workspace and output.
+  int* offsets = nullptr;            // [experts + 1]
+  int* used = nullptr;               // [experts + 1]: the number of experts used, then their ids
+  int* list = nullptr;               // [rows * k]
+  float* act = nullptr;              // [rows * k][inter]
+  float* y = nullptr;                // [rows * k][hidden]
+};
+
+// The largest rows * k the list kernel takes (one block).
+inline constexpr int kMoeGemvMaxEntries = 4096;
+
+// REQUIRES: hidden % 8 == 0, inter % 8 == 0, rows * k <= kMoeGemvMaxEntries,
+// experts <= 1024.
+cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream);
+
+}  // namespace strata::cuda
+
+#endif  // STRATA_KERNELS_CUDA_MOE_GEMV_H_

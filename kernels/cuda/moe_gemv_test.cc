@@ -1,0 +1,197 @@
+// LaunchMoeGemv against a float64 CPU reference of the routed experts on fresh
+// random data: bf16 and f32 weights, experts used by no entry, by one and by
+// more entries than one group, a token routed twice to the same expert, an
+// out-of-range id (y = 0), and an entry's bits alone equal to its bits in a
+// batch.
+#include "kernels/cuda/moe_gemv.h"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+struct Problem {
+  int experts = 12, hidden = 72, inter = 40, rows = 0, k = 0;
+  bool bf16 = true;
+  std::vector<std::vector<float>> gate_up, down;  // per expert, the values as stored (bf16-rounded when bf16)
+  std::vector<float> x;
+  std::vector<int> ids;
+};
+
+float Stored(float v, bool bf16) { return bf16 ? testing::FromBf16Bits(testing::ToBf16Bits(v)) : v; }
+
+Problem MakeProblem(uint64_t seed, bool bf16, int rows, int k) {
+  testing::Rng rng(seed);
+  Problem p;
+  p.bf16 = bf16;
+  p.rows = rows;
+  p.k = k;
+  p.gate_up.resize(p.experts);
+  p.down.resize(p.experts);
+  for (int e = 0; e < p.experts; ++e) {
+    p.gate_up[e].resize(static_cast<size_t>(2) * p.inter * p.hidden);
+    p.down[e].resize(static_cast<size_t>(p.hidden) * p.inter);
+    for (float& v : p.gate_up[e]) v = Stored(rng.Normal() / std::sqrt(static_cast<float>(p.hidden)), bf16);
+    for (float& v : p.down[e]) v = Stored(rng.Normal() / std::sqrt(static_cast<float>(p.inter)), bf16);
+  }
+  p.x.resize(static_cast<size_t>(rows) * p.hidden);
+  for (float& v : p.x) v = rng.Normal();
+  // Experts 0..2 are never used; expert 3 takes every row's first slot (more
+  // entries than one group of four); the rest at random.
+  p.ids.resize(static_cast<size_t>(rows) * k);
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < k; ++j) p.ids[r * k + j] = j == 0 ? 3 : 3 + static_cast<int>(rng.Below(p.experts - 3));
+  }
+  return p;
+}
+
+// y[entry][hidden] in float64; entries with an invalid id are zero.
+std::vector<double> Reference(const Problem& p) {
+  std::vector<double> y(static_cast<size_t>(p.rows) * p.k * p.hidden, 0.0);
+  for (int i = 0; i < p.rows * p.k; ++i) {
+    const int e = p.ids[i];
+    if (e < 0 || e >= p.experts) continue;
+    const float* x = &p.x[static_cast<size_t>(i / p.k) * p.hidden];
+    std::vector<double> act(p.inter);
+    for (int j = 0; j < p.inter; ++j) {
+      double g = 0, u = 0;
+      for (int c = 0; c < p.hidden; ++c) {
+        g += double{p.gate_up[e][static_cast<size_t>(j) * p.hidden + c]} * x[c];
+        u += double{p.gate_up[e][static_cast<size_t>(p.inter + j) * p.hidden + c]} * x[c];
+      }
+      act[j] = g / (1.0 + std::exp(-g)) * u;
+    }
+    for (int r = 0; r < p.hidden; ++r) {
+      double s = 0;
+      for (int j = 0; j < p.inter; ++j) s += double{p.down[e][static_cast<size_t>(r) * p.inter + j]} * act[j];
+      y[static_cast<size_t>(i) * p.hidden + r] = s;
+    }
+  }
+  return y;
+}
+
+// Runs the kernel; returns y.
+std::vector<float> RunKernel(const Problem& p) {
+  std::vector<DeviceBuffer> weights;
+  std::vector<const void*> ptrs(2 * p.experts);
+  for (int t = 0; t < 2; ++t) {
+    for (int e = 0; e < p.experts; ++e) {
+      const std::vector<float>& m = t == 0 ? p.gate_up[e] : p.down[e];
+      if (p.bf16) {
+        std::vector<uint16_t> b(m.size());
+        for (size_t i = 0; i < m.size(); ++i) b[i] = testing::ToBf16Bits(m[i]);
+        weights.emplace_back(b.size() * 2);
+        weights.back().Upload(b.data(), b.size() * 2);
+      } else {
+        weights.emplace_back(m.size() * 4);
+        weights.back().Upload(m.data(), m.size() * 4);
+      }
+      ptrs[t * p.experts + e] = weights.back().as<void>();
+    }
+  }
+  const int n = p.rows * p.k;
+  DeviceBuffer table(ptrs.size() * sizeof(void*)), x(p.x.size() * 4), ids(p.ids.size() * 4);
+  DeviceBuffer offsets((p.experts + 1) * 4), used((p.experts + 1) * 4), list(n * 4), act(static_cast<size_t>(n) * p.inter * 4),
+      y(static_cast<size_t>(n) * p.hidden * 4);
+  table.Upload(ptrs.data(), table.bytes());
+  x.Upload(p.x.data(), x.bytes());
+  ids.Upload(p.ids.data(), ids.bytes());
+  y.Poison();
+  MoeGemvParams mp;
+  mp.type = p.bf16 ? GemmType::kBF16 : GemmType::kF32;
+  mp.gate_up = table.as<const void*>();
+  mp.down = table.as<const void*>() + p.experts;
+  mp.experts = p.experts;
+  mp.hidden = p.hidden;
+  mp.inter = p.inter;
+  mp.x = x.as<float>();
+  mp.expert_ids = ids.as<int>();
+  mp.rows = p.rows;
+  mp.k = p.k;
+  mp.offsets = offsets.as<int>();
+  mp.used = used.as<int>();
+  mp.list = list.as<int>();
+  mp.act = act.as<float>();
+  mp.y = y.as<float>();
+  STRATA_CUDA_OK(LaunchMoeGemv(mp, nullptr));
+  STRATA_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> out(static_cast<size_t>(n) * p.hidden);
+  y.Download(out.data(), y.bytes());
+  return out;
+}
+
+class MoeGemvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
+    seed_ = testing::FreshSeed();
+  }
+  uint64_t seed_ = 0;
+};
+
+TEST_F(MoeGemvTest, MatchesFloat64ReferenceForBf16AndF32Weights) {
+  for (bool bf16 : {true, false}) {
+    for (int rows : {1, 3, 9}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed_ << " bf16 " << bf16 << " rows " << rows);
+      Problem p = MakeProblem(seed_ + rows, bf16, rows, 4);
+      if (rows == 9) {
+        p.ids[5] = p.ids[4];  // one token routed twice to one expert
+        p.ids[7] = p.experts + 5;  // out of range: y = 0
+      }
+      const std::vector<double> ref = Reference(p);
+      const std::vector<float> got = RunKernel(p);
+      double max_abs = 0, max_err = 0;
+      int nonfinite = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(ref[i]));
+        max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
+        nonfinite += std::isfinite(got[i]) ? 0 : 1;
+      }
+      std::printf("  bf16 %d rows %d: max |y - ref| / max |ref| = %.2e\n", bf16, rows, max_err / max_abs);
+      EXPECT_EQ(nonfinite, 0);
+      // f32 sums of 72 and 40 products of unit-scale values: rounding bounded
+      // by ~2e-5 of max |y| in the worst case; a wrong row, expert or entry
+      // is off by O(max |y|).
+      EXPECT_LE(max_err, 1e-4 * max_abs);
+      if (rows == 9) {
+        for (int c = 0; c < p.hidden; ++c) EXPECT_EQ(got[static_cast<size_t>(7) * p.hidden + c], 0.0f);
+      }
+    }
+  }
+}
+
+TEST_F(MoeGemvTest, AnEntrysBitsDoNotDependOnTheBatch) {
+  Problem batch = MakeProblem(seed_, true, 11, 4);
+  const std::vector<float> all = RunKernel(batch);
+  for (int r : {0, 6, 10}) {
+    Problem one = batch;
+    one.rows = 1;
+    one.x.assign(batch.x.begin() + static_cast<size_t>(r) * batch.hidden,
+                 batch.x.begin() + static_cast<size_t>(r + 1) * batch.hidden);
+    one.ids.assign(batch.ids.begin() + r * batch.k, batch.ids.begin() + (r + 1) * batch.k);
+    const std::vector<float> alone = RunKernel(one);
+    for (size_t i = 0; i < alone.size(); ++i) {
+      ASSERT_EQ(alone[i], all[static_cast<size_t>(r) * batch.k * batch.hidden + i]) << "row " << r << " at " << i;
+    }
+  }
+}
+
+TEST_F(MoeGemvTest, RejectsWidthsThatAreNotMultiplesOfEight) {
+  MoeGemvParams p;
+  p.rows = 1;
+  p.k = 1;
+  p.experts = 4;
+  p.hidden = 36;
+  p.inter = 16;
+  EXPECT_EQ(LaunchMoeGemv(p, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace strata::cuda
