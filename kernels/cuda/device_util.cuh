@@ -1,6 +1,6 @@
 // Device-side building blocks shared by the kernels in kernels/cuda: the fp8
 // codec in the exact arithmetic of kernels/fp8.h, exact fp8 -> bf16 widening,
-// cp.async, ldmatrix and the bf16 m16n8k16 tensor-core MMA.
+// cp.async, ex2.approx and the bf16 m16n8k16 tensor-core MMA.
 //
 // Include only from .cu files. Everything here is a pure device function.
 #ifndef STRATA_KERNELS_CUDA_DEVICE_UTIL_CUH_
@@ -134,26 +134,13 @@ __device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool vali
 }
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still pending.
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// ---- ldmatrix / mma ------------------------------------------------------
-__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(smem)));
-}
-
-__device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(smem)));
-}
-
+// ---- mma -----------------------------------------------------------------
 // d += a(16x16 bf16, row) * b(16x8 bf16, col), f32 accumulators.
 // Fragment ownership (g = lane / 4, q = lane % 4):
 //   a0 (g, 2q..2q+1)  a1 (g+8, 2q..)  a2 (g, 8+2q..)  a3 (g+8, 8+2q..)
