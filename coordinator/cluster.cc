@@ -69,7 +69,10 @@ v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
   w.id = absl::StrCat("worker-", next_worker_++);
   w.name = req.name().empty() ? req.address() : req.name();
   w.address = req.address();
-  for (const auto& d : req.devices()) w.free_bytes += static_cast<uint64_t>(std::max<int64_t>(0, d.free_bytes()));
+  for (const auto& d : req.devices()) {
+    w.free_bytes += static_cast<uint64_t>(std::max<int64_t>(0, d.free_bytes()));
+    w.kv_pool_bytes += static_cast<uint64_t>(std::max<int64_t>(0, d.kv_pool_bytes()));
+  }
   w.last_heartbeat = absl::Now();
   // A worker that registers again at the same address replaces its old entry.
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -172,7 +175,7 @@ absl::Status Cluster::PlaceAndAssign() {
   });
   if (static_cast<int>(alive.size()) > options_.workers) alive.resize(options_.workers);
   std::vector<WorkerSlot> slots;
-  for (const auto& w : alive) slots.push_back({w.name, w.free_bytes});
+  for (const auto& w : alive) slots.push_back({w.name, w.free_bytes, w.kv_pool_bytes});
   absl::StatusOr<Plan> plan = options_.placement_override.empty()
                                   ? PlanBalanced(layout_, slots, options_.placement)
                                   : PlanOverride(layout_, slots, options_.placement, options_.placement_override);

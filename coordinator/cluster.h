@@ -61,6 +61,7 @@ struct ClusterOptions {
 struct WorkerInfo {
   std::string id, name, address;
   uint64_t free_bytes = 0;
+  uint64_t kv_pool_bytes = 0;  // a fixed KV reservation (GPU workers), else 0
   absl::Time last_heartbeat;
   bool alive = true;
 };

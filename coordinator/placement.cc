@@ -22,7 +22,8 @@ uint64_t KvPerToken(const ModelConfig& c, KvDtype dtype, int layer) {
   return b;
 }
 
-StageAssignment MakeStage(const ModelLayout& m, const PlacementOptions& o, int worker, int b, int e) {
+StageAssignment MakeStage(const ModelLayout& m, const PlacementOptions& o, const std::vector<WorkerSlot>& workers,
+                          int worker, int b, int e) {
   StageAssignment s;
   s.worker = worker;
   s.layer_begin = b;
@@ -32,6 +33,7 @@ StageAssignment MakeStage(const ModelLayout& m, const PlacementOptions& o, int w
     s.kv_bytes += m.kv_bytes_per_token[l] * static_cast<uint64_t>(o.max_sessions) *
                   static_cast<uint64_t>(o.max_context);
   }
+  if (workers[worker].kv_pool_bytes > 0) s.kv_bytes = workers[worker].kv_pool_bytes;
   if (b == 0) s.weight_bytes += m.embed_bytes;
   if (e == m.num_layers) s.weight_bytes += m.head_bytes;
   return s;
@@ -117,7 +119,7 @@ absl::StatusOr<Plan> PlanBalanced(const ModelLayout& m, const std::vector<Worker
   uint64_t max_free = 0;
   for (const auto& w : workers) max_free = std::max(max_free, w.free_bytes);
   auto cost = [&](int s, int b, int e) {
-    const double bytes = static_cast<double>(MakeStage(m, o, s, b, e).total_bytes());
+    const double bytes = static_cast<double>(MakeStage(m, o, workers, s, b, e).total_bytes());
     const uint64_t cap = workers[s].free_bytes > 0 ? workers[s].free_bytes : (max_free > 0 ? max_free : 1);
     return bytes / static_cast<double>(cap);
   };
@@ -148,7 +150,7 @@ absl::StatusOr<Plan> PlanBalanced(const ModelLayout& m, const std::vector<Worker
     bounds.push_back(i);
   }
   std::reverse(bounds.begin(), bounds.end());
-  for (int s = 0; s < S; ++s) plan.stages.push_back(MakeStage(m, o, s, at(bounds[s]), at(bounds[s + 1])));
+  for (int s = 0; s < S; ++s) plan.stages.push_back(MakeStage(m, o, workers, s, at(bounds[s]), at(bounds[s + 1])));
   plan.notes.push_back(absl::StrCat(L, " layers, ", C, " allowed cut points; ", S, " stage(s) over ",
                                     workers.size(), " worker(s), balanced by weights + KV budget (",
                                     o.max_sessions, " sessions x ", o.max_context, " tokens)"));
@@ -215,7 +217,7 @@ absl::StatusOr<Plan> PlanOverride(const ModelLayout& m, const std::vector<Worker
                                                      "' two ranges; ranges must be contiguous per worker"));
     }
     used[w] = true;
-    plan.stages.push_back(MakeStage(m, o, w, b, e + 1));
+    plan.stages.push_back(MakeStage(m, o, workers, w, b, e + 1));
     next = e + 1;
   }
   if (next != m.num_layers) {

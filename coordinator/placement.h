@@ -8,7 +8,8 @@
 // (all workers alike when they report none), where a stage's memory is its
 // weight bytes (from the safetensors headers, tensors grouped by layer
 // prefix) plus its KV budget: max_sessions × max_context × KV bytes per token
-// of each of its layers. Every worker gets at least one layer when the model
+// of each of its layers, or the fixed KV pool its worker reserves (GPU
+// workers report theirs). Every worker gets at least one layer when the model
 // has enough cut points; otherwise the plan uses as many workers as it can
 // and says so.
 //
@@ -53,6 +54,10 @@ ModelLayout LayoutFromTensors(const ModelConfig& config, KvDtype kv_dtype,
 struct WorkerSlot {
   std::string name;         // used by overrides and in messages
   uint64_t free_bytes = 0;  // 0: unknown (treated as equal to the others)
+  // A KV cache the worker reserves whatever it hosts (a GPU worker's pool):
+  // counted as its stage's KV bytes instead of the sessions x context
+  // estimate. 0: use the estimate.
+  uint64_t kv_pool_bytes = 0;
 };
 
 struct PlacementOptions {

@@ -141,6 +141,32 @@ TEST(PlacementTest, SyntheticLayoutIsACheckpointsLayoutInBf16) {
   EXPECT_GT(syn.layer_weight_bytes[2], syn.layer_weight_bytes[0]);  // MoE above dense here
 }
 
+TEST(PlacementTest, AFixedKvPoolReplacesTheEstimate) {
+  // Two equal layers; 100 KV bytes per token per layer estimated for 4
+  // sessions x 10 tokens = 4000 per layer. Worker w0 reserves a fixed pool
+  // (a GPU worker's --gpu-kv-bytes), w1 uses the estimate.
+  const ModelLayout m = Layout({1000, 1000});
+  PlacementOptions o;
+  o.max_sessions = 4;
+  o.max_context = 10;
+  std::vector<WorkerSlot> w = Workers(2);
+  w[0].kv_pool_bytes = 777;
+  auto plan = PlanBalanced(m, w, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->stages[0].kv_bytes, 777u);
+  EXPECT_EQ(plan->stages[1].kv_bytes, 4000u);
+  // The pool counts against the worker's memory: a GPU with room for the
+  // weights but not for its pool gets a warning.
+  w[0].free_bytes = 1500;
+  w[1].free_bytes = 1u << 20;
+  auto tight = PlanOverride(m, w, o, "0-0:w0,1-1:w1");
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  bool warned = false;
+  for (const std::string& n : tight->notes) warned |= n.find("warning: stage on w0") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
 TEST(PlacementTest, RejectsNoWorkers) {
   EXPECT_EQ(PlanBalanced(Layout({1}), {}, NoKv()).status().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -52,6 +52,9 @@ class DeviceStage {
   // CUDA, the loader's codes otherwise.
   static absl::StatusOr<std::unique_ptr<DeviceStage>> Create(const std::string& model_dir, int layer_begin,
                                                              int layer_end, const DeviceStageOptions& options);
+  // Total and free bytes of GPU `device` (cudaMemGetInfo). UNIMPLEMENTED in
+  // a build without CUDA, FAILED_PRECONDITION without that device.
+  static absl::Status Memory(int device, int64_t* total, int64_t* free);
   // False in a build without CUDA.
   static bool Built();
   virtual ~DeviceStage() = default;

@@ -1,4 +1,6 @@
 // DeviceStage on a GpuEngine.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -117,6 +119,17 @@ class GpuStage : public DeviceStage {
 }  // namespace
 
 bool DeviceStage::Built() { return true; }
+
+absl::Status DeviceStage::Memory(int device, int64_t* total, int64_t* free) {
+  size_t f = 0, t = 0;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("cannot query CUDA device ", device));
+  }
+  *total = static_cast<int64_t>(t);
+  *free = static_cast<int64_t>(f);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::string& model_dir, int layer_begin,
                                                                  int layer_end, const DeviceStageOptions& options) {

@@ -115,8 +115,12 @@ int main(int argc, char** argv) {
   std::printf("listening %s\n", address.c_str());
   std::fflush(stdout);
 
-  auto registrar = std::make_unique<strata::worker::Registrar>(
-      strata::worker::RegistrarOptions{flags.Get("coordinator"), address, flags.Get("name", address)}, host.get());
+  strata::worker::RegistrarOptions ro{flags.Get("coordinator"), address, flags.Get("name", address)};
+  if (ho.gpu) {
+    ro.gpu = ho.gpu_options.device;
+    ro.gpu_kv_bytes = ho.gpu_options.kv_cache_bytes;
+  }
+  auto registrar = std::make_unique<strata::worker::Registrar>(ro, host.get());
 
   int sig = 0;
   sigwait(&set, &sig);

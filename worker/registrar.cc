@@ -6,16 +6,28 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "worker/device_stage.h"
 #include "worker/stage_link.h"
 
 namespace strata::worker {
 
-v1::RegisterRequest DescribeWorker(const std::string& address, const std::string& name) {
+v1::RegisterRequest DescribeWorker(const RegistrarOptions& options) {
   v1::RegisterRequest req;
-  req.set_address(address);
-  req.set_name(name);
+  req.set_address(options.address);
+  req.set_name(options.name);
   v1::Device* d = req.add_devices();
+  if (options.gpu.has_value()) {
+    d->set_name(absl::StrCat("cuda:", *options.gpu));
+    d->set_kv_pool_bytes(options.gpu_kv_bytes);
+    int64_t total = 0, free = 0;
+    if (DeviceStage::Memory(*options.gpu, &total, &free).ok()) {  // else "unknown" (0)
+      d->set_total_bytes(total);
+      d->set_free_bytes(free);
+    }
+    return req;
+  }
   d->set_name("cpu");
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   d->set_total_bytes(static_cast<int64_t>(pages) * page);
@@ -60,7 +72,7 @@ void Registrar::Loop() {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (worker_id.empty()) {
       v1::RegisterResponse resp;
-      grpc::Status st = stub->Register(&ctx, DescribeWorker(options_.address, options_.name), &resp);
+      grpc::Status st = stub->Register(&ctx, DescribeWorker(options_), &resp);
       if (st.ok()) {
         worker_id = resp.worker_id();
         if (resp.heartbeat_interval_ms() > 0) interval_ms = resp.heartbeat_interval_ms();

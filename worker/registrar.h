@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -23,6 +24,10 @@ struct RegistrarOptions {
   std::string coordinator;  // host:port
   std::string address;      // this worker's Worker service
   std::string name;
+  // A GPU worker: the device its layers go to and the KV pool it reserves
+  // there (reported instead of the host's memory).
+  std::optional<int> gpu;
+  int64_t gpu_kv_bytes = 0;
 };
 
 class Registrar {
@@ -43,7 +48,10 @@ class Registrar {
 };
 
 // The host's devices: "cpu" with total and available memory.
-v1::RegisterRequest DescribeWorker(const std::string& address, const std::string& name);
+// What a worker tells the coordinator about itself: its address, name and the
+// device its layers go to (the host's memory, or the GPU's with the KV pool
+// it reserves there).
+v1::RegisterRequest DescribeWorker(const RegistrarOptions& options);
 
 }  // namespace strata::worker
 
