@@ -146,7 +146,7 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   } else {
     ASSIGN_OR_RETURN(engine, GpuEngine::Load(model_dir, o));
   }
-  const int64_t page_bytes = options.kv_cache_bytes / std::max<int64_t>(1, engine->total_pages());
+  const int64_t page_bytes = engine->page_id_bytes();
   return std::unique_ptr<DeviceStage>(new GpuStage(std::move(engine), layer_begin, page_bytes));
 }
 

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   }
   const int nl = opt.layer_end - opt.layer_begin;
   const size_t per_id = nl * im->mla_layout.page_bytes() + full * im->index_layout.page_bytes();
+  im->page_id_bytes = static_cast<int64_t>(per_id);
   im->total_pages = opt.kv_cache_bytes / static_cast<int64_t>(per_id);
   if (im->total_pages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes ", opt.kv_cache_bytes,
@@ -136,6 +137,7 @@ bool GpuEngine::last_stage() const { return impl_->opt.layer_end == impl_->c.num
 uint64_t GpuEngine::weight_bytes() const { return impl_->w->bytes; }
 int64_t GpuEngine::total_pages() const { return impl_->total_pages; }
 int64_t GpuEngine::free_pages() const { return static_cast<int64_t>(impl_->free_ids.size()); }
+int64_t GpuEngine::page_id_bytes() const { return impl_->page_id_bytes; }
 
 absl::StatusOr<std::unique_ptr<GpuSequence>> GpuEngine::NewSequence() {
   if (impl_->free_slots.empty()) {

@@ -112,6 +112,9 @@ class GpuEngine {
   uint64_t weight_bytes() const;
   int64_t total_pages() const;
   int64_t free_pages() const;
+  // Device bytes of one page id: 64 tokens of fp8 KV (and indexer keys) in
+  // every local layer.
+  int64_t page_id_bytes() const;
 
   // RESOURCE_EXHAUSTED when max_sequences sequences are alive.
   absl::StatusOr<std::unique_ptr<GpuSequence>> NewSequence();

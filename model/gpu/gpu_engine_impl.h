@@ -70,6 +70,7 @@ struct GpuEngine::Impl {
   // mla_pool + (l * total_pages + p) * page_bytes (index pages likewise,
   // for the kFull layers only).
   int64_t total_pages = 0;
+  int64_t page_id_bytes = 0;  // one page id over every local layer
   std::vector<int> free_ids;
   gpu::DeviceBuffer mla_pool, index_pool;
   std::vector<int> index_slot;  // per local layer: position among kFull layers, or -1

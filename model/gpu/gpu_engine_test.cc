@@ -579,7 +579,9 @@ TEST(GpuEngineTest, FullCacheIsResourceExhaustedAndChangesNothing) {
   {
     auto probe = GpuEngine::Load(dir, opt);
     ASSERT_TRUE(probe.ok());
-    const int64_t per_id = opt.kv_cache_bytes / (*probe)->total_pages();
+    const int64_t per_id = (*probe)->page_id_bytes();
+    ASSERT_GT(per_id, 0);
+    EXPECT_EQ((*probe)->total_pages(), opt.kv_cache_bytes / per_id);
     opt.kv_cache_bytes = 3 * per_id + per_id / 2;
   }
   auto engine = GpuEngine::Load(dir, opt);
