@@ -259,6 +259,7 @@ absl::Status Cluster::PlaceAndAssign() {
 
 void Cluster::Loop() {
   absl::Time next_attempt = absl::InfinitePast();
+  std::string last_placement_error;  // printed once until it changes
   for (;;) {
     bool need_place = false;
     std::unique_ptr<worker::StageLink> dead_link;
@@ -300,9 +301,17 @@ void Cluster::Loop() {
     absl::Status st = PlaceAndAssign();
     if (!st.ok()) {
       next_attempt = absl::Now() + absl::Milliseconds(500);
-      if (st.code() != absl::StatusCode::kUnavailable || st.message().find("AssignLayers") != std::string::npos) {
-        std::fprintf(stderr, "strata-coordinator: placement failed: %s\n", std::string(st.message()).c_str());
+      // Retried every half second: a failure is printed when it first
+      // appears (or changes), not on every retry.
+      const bool report =
+          st.code() != absl::StatusCode::kUnavailable || st.message().find("AssignLayers") != std::string::npos;
+      if (report && st.message() != last_placement_error) {
+        std::fprintf(stderr, "strata-coordinator: placement failed (retrying every 0.5 s): %s\n",
+                     std::string(st.message()).c_str());
       }
+      last_placement_error = std::string(st.message());
+    } else {
+      last_placement_error.clear();
     }
   }
 }
