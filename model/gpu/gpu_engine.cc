@@ -340,36 +340,33 @@ absl::Status GpuEngine::RunStage(absl::Span<const GpuChunk> chunks, std::vector<
   return absl::OkStatus();
 }
 
-absl::Status GpuEngine::Logits(const float* hidden, int rows, std::vector<float>* logits) {
+absl::Status GpuEngine::DeviceLogits(const float* hidden, int rows, const char* what) {
   STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
-  if (!last_stage()) return absl::FailedPreconditionError("Logits called on a stage without lm_head");
-  if (rows <= 0) return absl::InvalidArgumentError("Logits needs at least one row");
+  if (!last_stage()) return absl::FailedPreconditionError(absl::StrCat(what, " called on a stage without lm_head"));
+  if (rows <= 0) return absl::InvalidArgumentError(absl::StrCat(what, " needs at least one row"));
   Impl& im = *impl_;
   const size_t bytes = static_cast<size_t>(rows) * im.c.hidden_size * sizeof(float);
   RETURN_IF_ERROR(im.s.hidden.Reserve(bytes));
   STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.hidden.get(), hidden, bytes, cudaMemcpyHostToDevice, im.stream));
-  const int V = im.c.vocab_size;
-  RETURN_IF_ERROR(im.s.logits.Reserve(static_cast<size_t>(rows) * V * sizeof(float)));
-  RETURN_IF_ERROR(im.Logits(nullptr, rows, im.s.logits.as<float>()));
-  logits->resize(static_cast<size_t>(rows) * V);
+  RETURN_IF_ERROR(im.s.logits.Reserve(static_cast<size_t>(rows) * im.c.vocab_size * sizeof(float)));
+  return im.Logits(nullptr, rows, im.s.logits.as<float>());
+}
+
+absl::Status GpuEngine::Logits(const float* hidden, int rows, std::vector<float>* logits) {
+  RETURN_IF_ERROR(DeviceLogits(hidden, rows, "Logits"));
+  Impl& im = *impl_;
+  logits->resize(static_cast<size_t>(rows) * im.c.vocab_size);
   STRATA_CUDA_RETURN(cudaMemcpyAsync(logits->data(), im.s.logits.get(), logits->size() * sizeof(float),
                                      cudaMemcpyDeviceToHost, im.stream));
   return Synchronize();
 }
 
 absl::Status GpuEngine::GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) {
-  STRATA_CUDA_RETURN(cudaSetDevice(impl_->opt.device));  // calls may come from any thread
-  if (!last_stage()) return absl::FailedPreconditionError("GreedyTokens called on a stage without lm_head");
-  if (rows <= 0) return absl::InvalidArgumentError("GreedyTokens needs at least one row");
+  RETURN_IF_ERROR(DeviceLogits(hidden, rows, "GreedyTokens"));
   Impl& im = *impl_;
-  const size_t bytes = static_cast<size_t>(rows) * im.c.hidden_size * sizeof(float);
-  RETURN_IF_ERROR(im.s.hidden.Reserve(bytes));
-  STRATA_CUDA_RETURN(cudaMemcpyAsync(im.s.hidden.get(), hidden, bytes, cudaMemcpyHostToDevice, im.stream));
-  const int V = im.c.vocab_size;
-  RETURN_IF_ERROR(im.s.logits.Reserve(static_cast<size_t>(rows) * V * sizeof(float)));
   RETURN_IF_ERROR(im.s.argmax.Reserve(static_cast<size_t>(rows) * sizeof(int)));
-  RETURN_IF_ERROR(im.Logits(nullptr, rows, im.s.logits.as<float>()));
-  STRATA_CUDA_RETURN(cuda::LaunchArgmaxRows(im.s.logits.as<float>(), rows, V, im.s.argmax.as<int>(), im.stream));
+  STRATA_CUDA_RETURN(
+      cuda::LaunchArgmaxRows(im.s.logits.as<float>(), rows, im.c.vocab_size, im.s.argmax.as<int>(), im.stream));
   tokens->resize(rows);
   STRATA_CUDA_RETURN(cudaMemcpyAsync(tokens->data(), im.s.argmax.get(), rows * sizeof(int), cudaMemcpyDeviceToHost,
                                      im.stream));

@@ -177,6 +177,9 @@ class GpuEngine {
  private:
   friend class GpuSequence;
   explicit GpuEngine(std::unique_ptr<Impl> impl);
+  // Uploads host rows of a stage's output and computes their logits into
+  // the logits scratch (Logits and GreedyTokens; `what` names the caller).
+  absl::Status DeviceLogits(const float* hidden, int rows, const char* what);
   void Release(GpuSequence* seq);
   absl::StatusOr<GpuStep> Prepare(absl::Span<const GpuChunk> chunks, bool embed);
   void Commit(absl::Span<const GpuChunk> chunks);
