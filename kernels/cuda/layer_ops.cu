@@ -324,6 +324,21 @@ __global__ void IndexerScoresKernel(IndexerScoreParams p) {
   p.scores[r * p.score_stride + t] = s;
 }
 
+// Warp-wide (value, index) argmax, the result in every lane: the larger value
+// wins, ties go to the lower index, and index `none` marks a lane without a
+// candidate, which loses to any other.
+__device__ __forceinline__ void WarpArgmax(float& v, int& i, int none) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+    if (oi != none && (i == none || ov > v || (ov == v && oi < i))) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
 // One warp per row. The scores and per-group sums are spread over the lanes;
 // lane 0 keeps the best groups; each of the k picks is a warp-wide argmax
 // (ties to the lower id) over the experts of the kept groups not yet taken;
@@ -386,16 +401,7 @@ __global__ void MoeRouteKernel(MoeRouteParams p) {
         be = e;
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
-      // (a lane with no eligible expert has be == E and loses to any other)
-      if (oe != E && (be == E || ov > bv || (ov == bv && oe < be))) {
-        bv = ov;
-        be = oe;
-      }
-    }
+    WarpArgmax(bv, be, E);
     if (lane == 0) {
       picks[i] = be;
       if (be < E) taken[be] = 1;
@@ -651,16 +657,12 @@ cudaError_t LaunchPlainGemm(const GemmArgs& a, cudaStream_t stream) {
 // (value, index) comparisons over the block.
 constexpr int kArgmaxThreads = 512;
 
-__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
-  return v > bv || (v == bv && i < bi);
-}
-
 __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxRowsKernel(const float* x, int n, int* out) {
   __shared__ float s_v[kArgmaxThreads / 32];
   __shared__ int s_i[kArgmaxThreads / 32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
   float bv = -INFINITY;
-  int bi = n;  // "none": loses every comparison with a value above -inf
+  int bi = n;  // none yet
   for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
     const float v = row[i];
     if (v > bv) {  // false for NaN
@@ -668,24 +670,14 @@ __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxRowsKernel(const float* 
       bi = i;
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-    if (Better(ov, oi, bv, bi)) bv = ov, bi = oi;
-  }
+  WarpArgmax(bv, bi, n);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) s_v[warp] = bv, s_i[warp] = bi;
   __syncthreads();
   if (warp != 0) return;
   bv = lane < kArgmaxThreads / 32 ? s_v[lane] : -INFINITY;
   bi = lane < kArgmaxThreads / 32 ? s_i[lane] : n;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-    if (Better(ov, oi, bv, bi)) bv = ov, bi = oi;
-  }
+  WarpArgmax(bv, bi, n);
   if (lane == 0) out[blockIdx.x] = bi < n && bv > -INFINITY ? bi : 0;
 }
 
