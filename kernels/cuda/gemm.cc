@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -42,6 +43,16 @@ PlanKey KeyOf(const GemmArgs& a, int m) {
   const Aligns al = AlignsOf(a);
   return {static_cast<int>(a.type), m, a.n, a.k, a.ldx, a.ldw, a.ldy, a.w_is_kn, a.batch, a.stride_x, a.stride_w,
           a.stride_y, al.a, al.b, al.c};
+}
+
+// The rows an algorithm is chosen for: m itself up to 16, then the next
+// power of two. A prefill chunk or an expert's share of a step takes a new m
+// almost every call, and one heuristic query costs far more than the GEMM.
+int RowClass(int m) {
+  if (m <= 16) return m;
+  int c = 32;
+  while (c < m && c < kMaxRows) c <<= 1;
+  return std::min(c, kMaxRows);
 }
 
 struct Layouts {
@@ -86,10 +97,13 @@ bool MakeLayouts(const GemmArgs& a, int m, Layouts* l) {
 struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  // Algorithm per shape (m = 1 for every m in batch-invariant mode); absent
-  // algorithm = use the plain kernel.
+  // Algorithm per shape and row class (m = 1 for every m in batch-invariant
+  // mode); a null entry: the heuristic offered none, use the plain kernel.
   std::map<PlanKey, std::unique_ptr<cublasLtMatmulAlgo_t>> algos;
-  std::map<PlanKey, bool> has_algo;
+  int64_t heuristic_queries = 0;
+  // The cached algorithm for `a` chosen for algo_m rows (queried on first
+  // use); null when the heuristic offers none.
+  const cublasLtMatmulAlgo_t* Algo(const GemmArgs& a, int algo_m, bool batch_invariant);
   ~Impl() {
     if (workspace) cudaFree(workspace);
     if (handle) cublasLtDestroy(handle);
@@ -109,61 +123,77 @@ absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(bool batch_invari
   return r;
 }
 
+const cublasLtMatmulAlgo_t* GemmRunner::Impl::Algo(const GemmArgs& a, int algo_m, bool batch_invariant) {
+  Impl& im = *this;
+  const PlanKey key = KeyOf(a, algo_m);
+  auto found = im.algos.find(key);
+  if (found != im.algos.end()) return found->second.get();
+  Layouts l;
+  cublasLtMatmulHeuristicResult_t h{};
+  int count = 0;
+  cublasLtMatmulPreference_t pref = nullptr;
+  bool ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+  if (ok) {
+    const size_t ws = kWorkspaceBytes;
+    const Aligns al = AlignsOf(a);
+    ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al.a,
+                                              sizeof(al.a)) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al.b,
+                                              sizeof(al.b)) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al.c,
+                                              sizeof(al.c)) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al.c,
+                                              sizeof(al.c)) == CUBLAS_STATUS_SUCCESS;
+  }
+  ok = ok && MakeLayouts(a, algo_m, &l) &&
+       cublasLtMatmulAlgoGetHeuristic(im.handle, l.op, l.a, l.b, l.c, l.c, pref, 1, &h, &count) ==
+           CUBLAS_STATUS_SUCCESS &&
+       count > 0;
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  if (ok && batch_invariant) {
+    // The m = 1 algorithm must serve every row count up to the engine's
+    // largest step, or the shape uses the plain kernel for every m.
+    for (int rows : {2, 3, 8, 17, 40, 64, 129, 1000, 4096, kMaxRows}) {
+      Layouts big;
+      cublasLtMatmulHeuristicResult_t check{};
+      ok = ok && MakeLayouts(a, rows, &big) &&
+           cublasLtMatmulAlgoCheck(im.handle, big.op, big.a, big.b, big.c, big.c, &h.algo, &check) ==
+               CUBLAS_STATUS_SUCCESS &&
+           check.workspaceSize <= kWorkspaceBytes;
+    }
+  }
+  ++heuristic_queries;
+  auto& slot = im.algos[key];
+  if (ok) slot = std::make_unique<cublasLtMatmulAlgo_t>(h.algo);
+  return slot.get();
+}
+
+int64_t GemmRunner::heuristic_queries() const { return impl_->heuristic_queries; }
+
 absl::Status GemmRunner::Run(const GemmArgs& a, cudaStream_t stream) {
   if (a.m < 0 || a.n <= 0 || a.k <= 0 || a.batch <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("bad GEMM shape m=", a.m, " n=", a.n, " k=", a.k));
   }
   if (a.m == 0) return absl::OkStatus();
   Impl& im = *impl_;
-  const int algo_m = batch_invariant_ ? 1 : a.m;
-  const PlanKey key = KeyOf(a, algo_m);
-  auto found = im.has_algo.find(key);
-  if (found == im.has_algo.end()) {
-    Layouts l;
-    cublasLtMatmulHeuristicResult_t h{};
-    int count = 0;
-    cublasLtMatmulPreference_t pref = nullptr;
-    bool ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
-    if (ok) {
-      const size_t ws = kWorkspaceBytes;
-      const Aligns al = AlignsOf(a);
-      ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al.a,
-                                                sizeof(al.a)) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al.b,
-                                                sizeof(al.b)) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al.c,
-                                                sizeof(al.c)) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al.c,
-                                                sizeof(al.c)) == CUBLAS_STATUS_SUCCESS;
-    }
-    ok = ok && MakeLayouts(a, algo_m, &l) &&
-         cublasLtMatmulAlgoGetHeuristic(im.handle, l.op, l.a, l.b, l.c, l.c, pref, 1, &h, &count) ==
-             CUBLAS_STATUS_SUCCESS &&
-         count > 0;
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    if (ok && batch_invariant_) {
-      // The m = 1 algorithm must serve every row count up to the engine's
-      // largest step, or the shape uses the plain kernel for every m.
-      for (int rows : {2, 3, 8, 17, 40, 64, 129, 1000, 4096, kMaxRows}) {
-        Layouts big;
-        cublasLtMatmulHeuristicResult_t check{};
-        ok = ok && MakeLayouts(a, rows, &big) &&
-             cublasLtMatmulAlgoCheck(im.handle, big.op, big.a, big.b, big.c, big.c, &h.algo, &check) ==
-                 CUBLAS_STATUS_SUCCESS &&
-             check.workspaceSize <= kWorkspaceBytes;
-      }
-    }
-    if (ok) im.algos[key] = std::make_unique<cublasLtMatmulAlgo_t>(h.algo);
-    found = im.has_algo.emplace(key, ok).first;
-  }
-  if (found->second) {
+  // Batch-invariant: the m = 1 algorithm for every m. Otherwise the row
+  // class's algorithm, and the exact m's only if cuBLASLt refuses that one.
+  const int algo_m = batch_invariant_ ? 1 : RowClass(a.m);
+  const cublasLtMatmulAlgo_t* algo = im.Algo(a, algo_m, batch_invariant_);
+  if (algo != nullptr) {
     Layouts l;
     if (!MakeLayouts(a, a.m, &l)) return absl::InternalError("cuBLASLt layout creation failed");
     const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t s = cublasLtMatmul(im.handle, l.op, &alpha, a.w, l.a, a.x, l.b, &beta, a.y, l.c, a.y, l.c,
-                                            im.algos[key].get(), im.workspace, kWorkspaceBytes, stream);
+    cublasStatus_t s = cublasLtMatmul(im.handle, l.op, &alpha, a.w, l.a, a.x, l.b, &beta, a.y, l.c, a.y, l.c, algo,
+                                      im.workspace, kWorkspaceBytes, stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED && !batch_invariant_ && algo_m != a.m) {
+      algo = im.Algo(a, a.m, batch_invariant_);
+      if (algo != nullptr)
+        s = cublasLtMatmul(im.handle, l.op, &alpha, a.w, l.a, a.x, l.b, &beta, a.y, l.c, a.y, l.c, algo,
+                           im.workspace, kWorkspaceBytes, stream);
+    }
     if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
     if (batch_invariant_ || s != CUBLAS_STATUS_NOT_SUPPORTED) {
       return absl::InternalError(absl::StrCat("cublasLtMatmul failed with status ", static_cast<int>(s), " (m=", a.m,

@@ -9,8 +9,13 @@
 // Operands are f32 (the engine's f32 test mode, full f32 arithmetic: no
 // TF32) or bf16; accumulation and y are f32.
 //
-// Batch invariance: by default cuBLASLt's heuristic picks an algorithm per
-// shape, and the algorithm for m >= 32 rounds differently from the one for
+// Algorithms: by default cuBLASLt's heuristic picks one per shape and row
+// class (m up to 16, then powers of two: a prefill chunk or an expert's rows
+// take a new m almost every step, and a heuristic query costs more than a
+// small GEMM); the exact m is queried only if cuBLASLt refuses the class's
+// algorithm for it.
+//
+// Batch invariance: the the algorithm for m >= 32 rounds differently from the one for
 // m = 1 (bench/RESULTS.md). With batch_invariant, every m uses the algorithm
 // the heuristic picks for m = 1, so a row's bits never depend on how many
 // rows share the call. When the heuristic offers nothing (unusual strides
@@ -45,6 +50,8 @@ class GemmRunner {
 
   // Calls that fell back to the plain kernel (no cuBLASLt algorithm).
   int64_t fallback_calls() const { return fallback_calls_; }
+  // cuBLASLt heuristic queries so far (one per shape and row class).
+  int64_t heuristic_queries() const;
 
  private:
   struct Impl;

@@ -204,6 +204,27 @@ CodeDiff CompareCaches(const CpuRun& cpu, const GpuRun& gpu, int L, int R, size_
   return d;
 }
 
+// Largest |gpu - cpu| logit difference over the positions before
+// `first_flip` and over the rest (see CodeDiff); NaN logits fail the test.
+struct SplitError {
+  float before = 0, after = 0;
+};
+
+SplitError LogitErrorAroundFlip(const std::vector<float>& cpu, const std::vector<float>& gpu, int V, int T,
+                                int64_t first_flip) {
+  SplitError e;
+  for (int t = 0; t < T; ++t) {
+    float d = 0;
+    for (int v = 0; v < V; ++v) {
+      EXPECT_FALSE(std::isnan(gpu[static_cast<size_t>(t) * V + v])) << "position " << t;
+      d = std::max(d, std::fabs(gpu[static_cast<size_t>(t) * V + v] - cpu[static_cast<size_t>(t) * V + v]));
+    }
+    float& into = t < first_flip ? e.before : e.after;
+    into = std::max(into, d);
+  }
+  return e;
+}
+
 class GpuFixtureTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuFixtureTest, F32ModeMatchesCpuEngine) {
@@ -233,15 +254,8 @@ TEST_P(GpuFixtureTest, F32ModeMatchesCpuEngine) {
   EXPECT_LE(cd.differing, cd.codes / 1000);
   EXPECT_TRUE(cd.first_are_one_ulp) << "the first differing codes are not rounding-boundary neighbours";
   const float max_ref = MaxAbs(cpu.logits);
-  float worst = 0, worst_after = 0;
-  for (int t = 0; t < T; ++t) {
-    float d = 0;
-    for (int v = 0; v < V; ++v) {
-      ASSERT_FALSE(std::isnan(gpu.logits[t * V + v])) << "position " << t;
-      d = std::max(d, std::fabs(gpu.logits[t * V + v] - cpu.logits[t * V + v]));
-    }
-    (t < cd.first_position ? worst : worst_after) = std::max(t < cd.first_position ? worst : worst_after, d);
-  }
+  const SplitError err = LogitErrorAroundFlip(cpu.logits, gpu.logits, V, T, cd.first_position);
+  const float worst = err.before, worst_after = err.after;
   EXPECT_LE(worst, 1e-3f * max_ref) << dir;
   EXPECT_LE(worst_after, 1e-2f * max_ref) << dir;
   std::printf("%s: f32 mode max |gpu - cpu| / max|cpu| = %.3g%s\n", fs::path(dir).filename().c_str(),
@@ -355,22 +369,29 @@ TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
     ASSERT_TRUE(engine.ok()) << engine.status();
     const GpuRun gpu = RunGpu(engine->get(), tokens, 100);
     ASSERT_EQ(gpu.logits.size(), cpu.logits.size());
-    float worst = 0;
     double dot = 0, na = 0, nb = 0;
     for (size_t i = 0; i < cpu.logits.size(); ++i) {
-      worst = std::max(worst, std::fabs(gpu.logits[i] - cpu.logits[i]));
       dot += double{gpu.logits[i]} * cpu.logits[i];
       na += double{gpu.logits[i]} * gpu.logits[i];
       nb += double{cpu.logits[i]} * cpu.logits[i];
     }
     const double cosine = dot / std::sqrt(na * nb);
-    const float rel = worst / MaxAbs(cpu.logits);
-    std::printf("DeepSeek-shaped, %s kernels: max |gpu - cpu| / max|cpu| = %.3g, cosine %.7f (seed %u)\n",
-                tuned ? "tuned" : "generic", rel, cosine, seed);
-    EXPECT_LE(rel, tuned ? 2e-2f : 1e-3f) << "seed " << seed;
-    EXPECT_GE(cosine, tuned ? 0.9995 : 0.999999) << "seed " << seed;
+    // The generic kernels' 1e-3 holds up to the first one-ulp fp8 code flip
+    // (as in F32ModeMatchesCpuEngine); from there 1e-2. The tuned kernels
+    // (bf16 operands) get 2e-2 everywhere.
     const CodeDiff cd = CompareCaches(cpu, gpu, 512, 64);
     EXPECT_LE(cd.differing, cd.codes / 1000);
+    const int V = (*engine)->config().vocab_size, T = static_cast<int>(tokens.size());
+    const SplitError err = LogitErrorAroundFlip(cpu.logits, gpu.logits, V, T, tuned ? T : cd.first_position);
+    const float max_ref = MaxAbs(cpu.logits);
+    std::printf("DeepSeek-shaped, %s kernels: max |gpu - cpu| / max|cpu| = %.3g before the first code flip "
+                "(position %lld), %.3g after, cosine %.7f (seed %u)\n",
+                tuned ? "tuned" : "generic", err.before / max_ref, static_cast<long long>(cd.first_position),
+                err.after / max_ref, cosine, seed);
+    EXPECT_LE(err.before, (tuned ? 2e-2f : 1e-3f) * max_ref) << "seed " << seed;
+    EXPECT_LE(err.after, 1e-2f * max_ref) << "seed " << seed;
+    if (!tuned) EXPECT_TRUE(cd.first_are_one_ulp) << "the first differing codes are not neighbours; seed " << seed;
+    EXPECT_GE(cosine, tuned ? 0.9995 : 0.999999) << "seed " << seed;
   }
 }
 
