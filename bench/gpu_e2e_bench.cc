@@ -4,7 +4,9 @@
 // filled with random rows for long contexts. Prints, per layer, the decode
 // step time at batch 1 and 32 and context 4k and 128k next to the floor
 // set by the bytes that step must read (active weights + KV) at the copy
-// bandwidth measured in the same run.
+// bandwidth measured in the same run. Then prefill: one sequence, a chunk
+// of 512 prompt tokens after a prefix of 0, 4k or 32k tokens, per layer,
+// next to its FLOPs (dense GEMMs plus absorbed attention).
 //
 //   strata_gpu_e2e_bench [--dsa]   (--dsa: DeepSeek-V3.2 with the indexer,
 //                                   top-2048 sparse attention)
@@ -144,6 +146,67 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
+  }
+
+  // ---- prefill: one sequence, a 512-token chunk after a prefix ------------
+  // FLOPs per prompt token and layer: the GEMMs (2 per weight of the dense
+  // MLP, or of the shared and 8 routed experts) and the absorbed attention
+  // over its prefix (2 x heads x (576 + 512) per key).
+  const int chunk = 512;
+  const double moe_params = 3 * H * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts) +
+                            H * c.n_routed_experts;
+  std::printf("\nprefill: one sequence, %d prompt tokens after a prefix (median of 3, after one warm-up)\n", chunk);
+  std::printf("%-8s %-6s %-6s %10s %12s %10s\n", "prefix", "layer", "kind", "ms", "GFLOP", "TFLOP/s");
+  for (int64_t prefix : {int64_t{0}, int64_t{4096}, int64_t{32768}}) {
+    std::vector<std::vector<float>> ms(c.num_layers);
+    std::vector<double> wall;
+    std::vector<int> prompt(chunk);
+    double first_ms = 0;
+    int experts = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+      // A new prompt each time: new expert row counts, as a server sees.
+      for (int i = 0; i < chunk; ++i) prompt[i] = static_cast<int>((i * 7919 + 13 + rep * 104729) % c.vocab_size);
+      auto s = (*engine)->NewSequence();
+      if (!s.ok()) return 1;
+      if (prefix > 0 && !(*engine)->FillRandomContext(s->get(), prefix, 77 + rep).ok()) return 1;
+      std::vector<float> logits;
+      const strata::GpuChunk one{s->get(), absl::MakeConstSpan(prompt)};
+      const auto w0 = std::chrono::steady_clock::now();
+      const absl::Status st = (*engine)->Forward(absl::MakeConstSpan(&one, 1), false, &logits);
+      const double w = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+      if (!st.ok()) {
+        std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
+        return 1;
+      }
+      if (rep == 0) {  // warm-up
+        first_ms = w;
+        continue;
+      }
+      wall.push_back(w);
+      for (int l = 0; l < c.num_layers; ++l) {
+        ms[l].push_back((*engine)->profile()[l].ms);
+        experts = std::max(experts, (*engine)->profile()[l].experts_used);
+      }
+    }
+    double keys = 0;  // causal: each row attends to position + 1 keys (at most top-k with DSA)
+    for (int i = 0; i < chunk; ++i)
+      keys += dsa ? std::min<double>(c.index_topk, prefix + i + 1) : static_cast<double>(prefix + i + 1);
+    const double attn_flops = 2.0 * NH * (L + R + L) * keys;
+    for (int l = 0; l < c.num_layers; ++l) {
+      std::sort(ms[l].begin(), ms[l].end());
+      const double t = ms[l][ms[l].size() / 2];
+      const bool moe = c.layers[l].moe;
+      const double gemm = 2.0 * chunk * ((attn + indexer) / 2 + (moe ? moe_params : dense_mlp / 2));
+      const double flops = gemm + attn_flops;
+      std::printf("%-8lld %-6d %-6s %10.2f %12.1f %10.1f\n", static_cast<long long>(prefix), l,
+                  moe ? "moe" : "dense", t, flops / 1e9, flops / (t * 1e-3) / 1e12);
+    }
+    std::sort(wall.begin(), wall.end());
+    std::printf("%-8lld whole Forward (wall, host included): %.2f ms (first one %.2f ms); experts used per MoE "
+                "layer up to %d; all %d experts' weights read at the copy bandwidth: %.2f ms\n",
+                static_cast<long long>(prefix), wall[wall.size() / 2], first_ms, experts, c.n_routed_experts,
+                expert * c.n_routed_experts / bw * 1e3);
+    std::fflush(stdout);
   }
   return 0;
 }
