@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:-run}
 BUILD=${BUILD_DIR:-build-cuda}
 BIN=$BUILD/gpu-bin
-TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test gpu_engine_test"
+TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test sampling_cuda_test gpu_engine_test"
 BENCHES="strata_attention_bench strata_gpu_e2e_bench"
 
 if [ "$MODE" = build ]; then
@@ -120,8 +120,14 @@ if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout 60 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/dsa_indexer_cuda_test" \
       --gtest_filter='*IndexerScoresAndSelection*'
     echo "dsa memcheck rc=$?"
+    timeout 120 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/sampling_cuda_test" \
+      --gtest_filter='*SmallVocabularies*'
+    echo "sampling memcheck rc=$?"
+    timeout 120 compute-sanitizer --tool racecheck --print-limit 5 "$BIN/sampling_cuda_test" \
+      --gtest_filter='*SmallVocabularies*'
+    echo "sampling racecheck rc=$?"
   } > "$OUT/memcheck.log" 2>&1
-  grep -E "ERROR SUMMARY|memcheck rc" "$OUT/memcheck.log"
+  grep -E "SUMMARY|check rc" "$OUT/memcheck.log"
 fi
 # One profiler pass over the split and merge kernels (clocks as found).
 if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then

@@ -86,6 +86,8 @@ PROMPT="The list type in Python"
 start cpu --workers 2 --kv-dir "$WORK/kv-cpu" || exit 1
 CPU_TEXT=$(gen "$ADDR" --prompt "$PROMPT" --session s)
 CPU_MORE=$(gen "$ADDR" --prompt " A dictionary" --session s)
+SAMPLED=(--prompt "$PROMPT" --temperature 0.8 --top-p 0.9 --top-k 50 --seed 7)
+CPU_SAMPLED=$(sample "$ADDR" "${SAMPLED[@]}")
 stop
 
 # f32 GEMMs (the test mode) must reproduce the CPU cluster's greedy text.
@@ -96,6 +98,14 @@ echo "cpu:       $CPU_TEXT"
 echo "gpu f32:   $F32_TEXT"
 check "GPU workers (f32 GEMMs) generate the CPU cluster's greedy text" \
   "$([ "$CPU_TEXT" = "$F32_TEXT" ] && [ "$CPU_MORE" = "$F32_MORE" ]; echo $?)"
+# Sampled tokens are drawn on the device (kernels/cuda/sampling.h) with the
+# request's own generator: on logits this close to the CPU's the seeded text
+# is the CPU cluster's.
+F32_SAMPLED=$(sample "$ADDR" "${SAMPLED[@]}")
+echo "cpu sampled (seed 7):     $CPU_SAMPLED"
+echo "gpu f32 sampled (seed 7): $F32_SAMPLED"
+check "GPU workers (f32 GEMMs) sample the CPU cluster's seeded text on the device" \
+  "$([ -n "$CPU_SAMPLED" ] && [ "$CPU_SAMPLED" = "$F32_SAMPLED" ]; echo $?)"
 stop
 
 # bf16 (production): a session saved on 2 workers and continued on 3 after
@@ -108,12 +118,17 @@ TWIN_TEXT=$(gen "$ADDR" --prompt "$PROMPT" --session twin)
 TWIN_MORE=$(gen "$ADDR" --prompt " A dictionary" --session twin)
 echo "gpu bf16:  $GPU_TEXT"
 check "bf16 GPU generation is deterministic" "$([ "$GPU_TEXT" = "$TWIN_TEXT" ]; echo $?)"
-# Greedy tokens are chosen on the device; sampled ones (and logprobs) from
-# the logits on the host: a seeded sampled request must replay exactly.
-S1=$(sample "$ADDR" --prompt "$PROMPT" --temperature 0.8 --seed 7)
-S2=$(sample "$ADDR" --prompt "$PROMPT" --temperature 0.8 --seed 7)
+# Greedy and sampled tokens are chosen on the device, requests with
+# penalties (or logprobs) from the logits on the host: either way a seeded
+# request must replay exactly.
+S1=$(sample "$ADDR" "${SAMPLED[@]}")
+S2=$(sample "$ADDR" "${SAMPLED[@]}")
 echo "gpu bf16 sampled (seed 7): $S1"
 check "seeded sampling on GPU workers replays exactly" "$([ -n "$S1" ] && [ "$S1" = "$S2" ]; echo $?)"
+P1=$(sample "$ADDR" "${SAMPLED[@]}" --repetition-penalty 1.3)
+P2=$(sample "$ADDR" "${SAMPLED[@]}" --repetition-penalty 1.3)
+echo "gpu bf16 sampled with a penalty (host): $P1"
+check "seeded sampling with a penalty (host path) replays exactly" "$([ -n "$P1" ] && [ "$P1" = "$P2" ]; echo $?)"
 "$STRATA" session save s --server "$ADDR" > /dev/null 2>&1
 check "session saved" $?
 stop

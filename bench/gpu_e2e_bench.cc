@@ -148,6 +148,36 @@ int main(int argc, char** argv) {
     }
   }
 
+  // ---- the last stage's token choice for 32 rows ----------------------------
+  // lm_head, then: the device argmax, the device sampler (temperature 0.8,
+  // top-p 0.9), or the logits copied to the host (where penalties and
+  // logprobs are applied). Wall time per call, median of 9.
+  {
+    const int rows = 32;
+    std::vector<float> hidden(static_cast<size_t>(rows) * c.hidden_size);
+    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    std::vector<strata::SampleDraw> draws(rows);
+    for (int r = 0; r < rows; ++r) draws[r] = strata::SampleDraw{0.8f, 0, 0.9f, 0.0f, (r + 0.5) / rows};
+    auto time_ms = [&](auto&& call) {
+      std::vector<double> t;
+      for (int i = 0; i < 10; ++i) {
+        const auto a = std::chrono::steady_clock::now();
+        if (!call().ok()) return -1.0;
+        if (i > 0) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    std::vector<int> ids;
+    std::vector<float> logits;
+    const double argmax = time_ms([&] { return (*engine)->GreedyTokens(hidden.data(), rows, &ids); });
+    const double sampled = time_ms([&] { return (*engine)->SampleTokens(hidden.data(), draws, &ids); });
+    const double copied = time_ms([&] { return (*engine)->Logits(hidden.data(), rows, &logits); });
+    std::printf("\ntoken choice for %d rows (vocabulary %d, lm_head included), ms per call: device argmax %.3f, "
+                "device sampler (T 0.8, top-p 0.9) %.3f, logits to the host %.3f\n",
+                rows, c.vocab_size, argmax, sampled, copied);
+  }
+
   // ---- prefill: one sequence, a 512-token chunk after a prefix ------------
   // FLOPs per prompt token and layer: the GEMMs (2 per weight of the dense
   // MLP, or of the shared and 8 routed experts) and the absorbed attention

@@ -433,9 +433,12 @@ int Sampler::Sample(absl::Span<const float> logits, SampleLogprobs* logprobs) {
   return token;
 }
 
-void Sampler::ConsumeDraw() {
-  rng_();
+void Sampler::ConsumeDraw() { NextDraw(); }
+
+SampleDraw Sampler::NextDraw() {
   ++num_samples_;
+  const double u = UniformFromBits(rng_());
+  return SampleDraw{params_.temperature, params_.top_k, params_.top_p, params_.min_p, u};
 }
 
 std::vector<double> Sampler::Probabilities(

@@ -592,6 +592,42 @@ TEST(SamplerTest, ConsumeDrawLeavesTheStreamWhereSampleWould) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(c->Sample(flat), d->Sample(flat));
 }
 
+TEST(SamplerTest, NextDrawCarriesTheDrawSampleUses) {
+  // Equal logits, temperature 1, no truncation: Sample() walks the 40
+  // tokens in id order with weight 1 each, so it returns floor(u * 40).
+  SamplingParams p;
+  p.seed = 20261129;
+  auto a = MakeSampler(p, 40);
+  auto b = MakeSampler(p, 40);
+  std::vector<float> flat(40, 0.5f);
+  for (int i = 0; i < 50; ++i) {
+    const SampleDraw d = b->NextDraw();
+    const double u = d.u;
+    ASSERT_EQ(d.temperature, 1.0f);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    EXPECT_EQ(a->Sample(flat), static_cast<int>(u * 40)) << "draw " << i;
+  }
+  EXPECT_EQ(b->num_samples(), 50);
+}
+
+TEST(SamplerTest, DeviceSampleableMeansNoPenaltiesAndNoLogprobs) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  EXPECT_TRUE(MakeSampler(p, 10)->device_sampleable());
+  for (int field = 0; field < 4; ++field) {
+    SamplingParams q = p;
+    if (field == 0) q.repetition_penalty = 1.2f;
+    if (field == 1) q.frequency_penalty = 0.5f;
+    if (field == 2) q.presence_penalty = -0.5f;
+    if (field == 3) q.logprobs = 2;
+    EXPECT_FALSE(MakeSampler(q, 10)->device_sampleable()) << "field " << field;
+  }
+}
+
 TEST(SamplerTest, PlainGreedyMeansTheArgmaxOfRawLogits) {
   SamplingParams p;
   p.temperature = 0.0f;

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/sampler.h"
 
 namespace strata::worker {
 
@@ -74,6 +75,10 @@ class DeviceStage {
   virtual absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits) = 0;
   // Argmax of each row's logits, on the device (Sampler's greedy rules).
   virtual absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) = 0;
+  // One token per draw (a row of `hidden` each), sampled on the device
+  // (Sampler::device_sampleable requests; GpuEngine::SampleTokens).
+  virtual absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
+                                    std::vector<int>* tokens) = 0;
   // Appends the rows `seq` holds beyond kv->num_tokens() to the mirror.
   virtual absl::Status MirrorRows(const DeviceSequence& seq, SequenceKv* kv) = 0;
   // Appends kv's rows (fp8, as loaded from the store) to an empty `seq`.

@@ -53,6 +53,11 @@ class GpuStage : public DeviceStage {
     return e_->GreedyTokens(hidden, rows, tokens);
   }
 
+  absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
+                            std::vector<int>* tokens) override {
+    return e_->SampleTokens(hidden, draws, tokens);
+  }
+
   absl::Status MirrorRows(const DeviceSequence& dseq, SequenceKv* kv) override {
     const GpuSequence& seq = Unwrap(dseq);
     const ModelConfig& c = e_->config();

@@ -304,11 +304,14 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   if (!last_stage()) return absl::OkStatus();
 
   // Last stage: sample one token for every chunk that asks for it. On a GPU,
-  // plain greedy rows take the device's argmax (only the ids come back); the
-  // others get their logits rows.
-  std::vector<float> greedy_rows, logit_rows;
-  std::vector<int> sample_chunks, on_device, slot;
-  int n_greedy = 0, n_logits = 0;
+  // plain greedy rows take the device's argmax and the other requests
+  // without penalties or logprobs the device sampler (only the ids come
+  // back); the rest get their logits rows.
+  enum Where { kArgmax, kDeviceDraw, kHost };
+  std::vector<float> rows_of[3];
+  std::vector<SampleDraw> draws;
+  std::vector<int> sample_chunks, where, slot;
+  int count[3] = {0, 0, 0};
   int row = 0;
   for (int i = 0; i < h.chunks_size(); ++i) {
     row += h.chunks(i).tokens_size();
@@ -324,31 +327,42 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
       return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " asks for a token without sampling parameters"));
     }
     const float* src = batch.hidden.data() + static_cast<size_t>(row - 1) * H;
-    const bool dev = device_ != nullptr && seq.sampler->plain_greedy();
-    std::vector<float>& rows = dev ? greedy_rows : logit_rows;
-    rows.insert(rows.end(), src, src + H);
+    const Where w = device_ == nullptr                    ? kHost
+                    : seq.sampler->plain_greedy()         ? kArgmax
+                    : seq.sampler->device_sampleable()    ? kDeviceDraw
+                                                          : kHost;
+    rows_of[w].insert(rows_of[w].end(), src, src + H);
+    if (w == kDeviceDraw) draws.push_back(seq.sampler->NextDraw());
     sample_chunks.push_back(i);
-    on_device.push_back(dev);
-    slot.push_back(dev ? n_greedy++ : n_logits++);
+    where.push_back(w);
+    slot.push_back(count[w]++);
   }
   if (sample_chunks.empty()) return absl::OkStatus();
   const int V = cfg.vocab_size;
-  std::vector<int> greedy;
-  if (n_greedy > 0) RETURN_IF_ERROR(device_->GreedyTokens(greedy_rows.data(), n_greedy, &greedy));
+  std::vector<int> device_tokens[2];
+  if (count[kArgmax] > 0) {
+    RETURN_IF_ERROR(device_->GreedyTokens(rows_of[kArgmax].data(), count[kArgmax], &device_tokens[kArgmax]));
+  }
+  if (count[kDeviceDraw] > 0) {
+    RETURN_IF_ERROR(device_->SampleTokens(rows_of[kDeviceDraw].data(), draws, &device_tokens[kDeviceDraw]));
+  }
+  const int n_logits = count[kHost];
   std::vector<float> logits(static_cast<size_t>(n_logits) * V);
   if (n_logits > 0 && device_) {
-    RETURN_IF_ERROR(device_->Logits(logit_rows.data(), n_logits, &logits));
+    RETURN_IF_ERROR(device_->Logits(rows_of[kHost].data(), n_logits, &logits));
   } else if (n_logits > 0) {
-    RETURN_IF_ERROR(engine_->Logits(logit_rows.data(), n_logits, logits.data()));
+    RETURN_IF_ERROR(engine_->Logits(rows_of[kHost].data(), n_logits, logits.data()));
   }
   for (size_t k = 0; k < sample_chunks.size(); ++k) {
     const v1::StageChunk& c = h.chunks(sample_chunks[k]);
     Seq& seq = seqs_[c.seq_id()];
     SampleLogprobs lp;
     int token = 0;
-    if (on_device[k]) {
-      token = greedy[slot[k]];
+    if (where[k] == kArgmax) {
+      token = device_tokens[kArgmax][slot[k]];
       seq.sampler->ConsumeDraw();
+    } else if (where[k] == kDeviceDraw) {
+      token = device_tokens[kDeviceDraw][slot[k]];  // (its draw was taken above)
     } else {
       absl::Span<const float> row_logits(logits.data() + static_cast<size_t>(slot[k]) * V, V);
       token = seq.sampler->Sample(row_logits, seq.logprobs >= 0 ? &lp : nullptr);

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/dsa_indexer.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/sampling.h"
 #include "model/gpu/gpu_engine_impl.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -370,6 +371,36 @@ absl::Status GpuEngine::GreedyTokens(const float* hidden, int rows, std::vector<
   tokens->resize(rows);
   STRATA_CUDA_RETURN(cudaMemcpyAsync(tokens->data(), im.s.argmax.get(), rows * sizeof(int), cudaMemcpyDeviceToHost,
                                      im.stream));
+  return Synchronize();
+}
+
+absl::Status GpuEngine::SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
+                                     std::vector<int>* tokens) {
+  const int rows = static_cast<int>(draws.size());
+  RETURN_IF_ERROR(DeviceLogits(hidden, rows, "SampleTokens"));
+  Impl& im = *impl_;
+  std::vector<cuda::SampleRow> host(rows);
+  for (int r = 0; r < rows; ++r) {
+    const SampleDraw& d = draws[r];
+    host[r] = cuda::SampleRow{d.temperature, d.top_k, d.top_p, d.min_p, d.u};
+  }
+  const size_t row_bytes = host.size() * sizeof(cuda::SampleRow);
+  RETURN_IF_ERROR(im.s.sample_rows.Reserve(row_bytes));
+  RETURN_IF_ERROR(im.s.argmax.Reserve(static_cast<size_t>(rows) * sizeof(int)));
+  STRATA_CUDA_RETURN(
+      cudaMemcpyAsync(im.s.sample_rows.get(), host.data(), row_bytes, cudaMemcpyHostToDevice, im.stream));
+  cuda::SampleParams p;
+  p.logits = im.s.logits.as<float>();
+  p.ld = im.c.vocab_size;
+  p.rows = rows;
+  p.vocab = im.c.vocab_size;
+  p.row = im.s.sample_rows.as<cuda::SampleRow>();
+  p.tokens = im.s.argmax.as<int>();
+  STRATA_CUDA_RETURN(cuda::LaunchSampleRows(p, im.stream));
+  tokens->resize(rows);
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(tokens->data(), im.s.argmax.get(), rows * sizeof(int), cudaMemcpyDeviceToHost,
+                                     im.stream));
+  // (the host vector must outlive the copy)
   return Synchronize();
 }
 

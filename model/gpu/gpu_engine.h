@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/config.h"
+#include "model/sampler.h"
 
 namespace strata {
 
@@ -139,6 +140,11 @@ class GpuEngine {
   // rules (NaN as -inf, ties to the lowest id). Last stage only.
   absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens);
 
+  // Sampled tokens for host rows of a stage's output, one draw per row,
+  // chosen on the device with Sampler's rules except penalties and logprobs
+  // (kernels/cuda/sampling.h); only the ids come back. Last stage only.
+  absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws, std::vector<int>* tokens);
+
   // Benchmarks: gives `seq` (empty) n_tokens of random cache rows in every
   // layer, as if a context of that length had been prefilled.
   absl::Status FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed);
@@ -178,7 +184,8 @@ class GpuEngine {
   friend class GpuSequence;
   explicit GpuEngine(std::unique_ptr<Impl> impl);
   // Uploads host rows of a stage's output and computes their logits into
-  // the logits scratch (Logits and GreedyTokens; `what` names the caller).
+  // the logits scratch (Logits, GreedyTokens and SampleTokens; `what` names
+  // the caller).
   absl::Status DeviceLogits(const float* hidden, int rows, const char* what);
   void Release(GpuSequence* seq);
   absl::StatusOr<GpuStep> Prepare(absl::Span<const GpuChunk> chunks, bool embed);

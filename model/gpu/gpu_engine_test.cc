@@ -766,5 +766,67 @@ TEST(GpuEngineTest, GreedyTokensAreTheArgmaxOfTheLogits) {
   }
 }
 
+// The device sampler through the engine: each row's draw is put in the
+// middle of one token's share of the host Sampler's walk (id order without
+// truncation, ranking order with top-k), so that token is the only right
+// answer. (kernels/cuda/sampling_test.cc checks the kernel itself against
+// the Sampler on random draws.)
+TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = FixtureDirs().front();
+  GpuEngineOptions opt;
+  opt.kv_cache_bytes = 16 << 20;
+  auto engine = GpuEngine::Load(dir, opt);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto seq = (*engine)->NewSequence();
+  ASSERT_TRUE(seq.ok());
+  std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
+  tokens.resize(std::min<size_t>(tokens.size(), 16));
+  GpuChunk c{seq->get(), tokens};
+  std::vector<float> hidden;
+  ASSERT_TRUE((*engine)->RunStage({&c, 1}, &hidden).ok());
+  const int rows = static_cast<int>(tokens.size());
+  const int V = (*engine)->config().vocab_size;
+  std::vector<float> logits;
+  ASSERT_TRUE((*engine)->Logits(hidden.data(), rows, &logits).ok());
+
+  for (int top_k : {0, 5}) {
+    SCOPED_TRACE(top_k);
+    std::vector<SampleDraw> draws(rows);
+    std::vector<int> want(rows);
+    for (int r = 0; r < rows; ++r) {
+      SamplingParams sp;
+      sp.top_k = top_k;
+      sp.temperature = 0.8f;
+      auto sampler = Sampler::Create(sp, V);
+      ASSERT_TRUE(sampler.ok());
+      const absl::Span<const float> row(&logits[static_cast<size_t>(r) * V], V);
+      const std::vector<double> probs = (*sampler)->Probabilities(row);
+      std::vector<int> order;  // the walk: id order, or ranking order once top-k applies
+      for (int i = 0; i < V; ++i)
+        if (probs[i] > 0) order.push_back(i);
+      if (top_k > 0) {
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      }
+      // The target: the most likely token (id order), the third (ranked).
+      const int target = top_k > 0 ? order[2] : static_cast<int>(std::max_element(probs.begin(), probs.end()) -
+                                                                  probs.begin());
+      double before = 0;
+      for (int i : order) {
+        if (i == target) break;
+        before += probs[i];
+      }
+      ASSERT_GT(probs[target], 1e-4) << "row " << r;
+      draws[r] = SampleDraw{sp.temperature, sp.top_k, sp.top_p, sp.min_p, before + probs[target] / 2};
+      want[r] = target;
+    }
+    std::vector<int> got;
+    ASSERT_TRUE((*engine)->SampleTokens(hidden.data(), draws, &got).ok());
+    EXPECT_EQ(got, want);
+  }
+  std::vector<int> none;
+  EXPECT_EQ((*engine)->SampleTokens(hidden.data(), {}, &none).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace strata

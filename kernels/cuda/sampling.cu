@@ -1,0 +1,336 @@
+#include "kernels/cuda/sampling.h"
+
+#include <climits>
+#include <cmath>
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBuckets = 256;  // one 8-bit digit of a logit's key per pass
+constexpr uint64_t kOne = uint64_t{1} << 40;  // fixed-point weight of the largest logit
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Smem {
+  unsigned long long hist[kWarps][kBuckets];  // per-warp bucket sums of a radix pass
+  uint64_t bucket[kBuckets];
+  uint64_t red[kWarps];
+  uint64_t before;
+  int chosen;
+  int id;
+};
+
+// The row being sampled and what is still kept: tokens with weight >= w_min
+// ranked at or before (cut_key, cut_id) — a key above cut_key, or equal to
+// it with an id <= cut_id. Uniform over the block.
+struct Row {
+  const float* x;
+  int n;
+  float m;          // the largest logit
+  float scale;      // log2(e) / temperature
+  bool inf_mode;    // m is +inf: the +inf logits share the draw
+  uint32_t cut_key = 0;
+  int cut_id = INT_MAX;
+  uint64_t w_min = 1;
+};
+
+// NaN reads as -inf and -0 as +0, so that equal values have equal keys.
+__device__ __forceinline__ float Clean(float v) { return v != v ? -INFINITY : (v == 0.0f ? 0.0f : v); }
+
+// Order-preserving bits: a larger float has a larger key.
+__device__ __forceinline__ uint32_t Key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float FromKey(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// Fixed-point weight of a (clean) logit, truncated: in [0, 2^40].
+__device__ __forceinline__ uint64_t Weight(const Row& r, float v) {
+  if (r.inf_mode) return v == INFINITY ? kOne : 0;
+  if (v == r.m) return kOne;  // (also when the scale is +inf)
+  float w;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(w) : "f"((v - r.m) * r.scale));
+  return static_cast<uint64_t>(w * static_cast<float>(kOne));
+}
+
+__device__ __forceinline__ bool Kept(const Row& r, int i, uint32_t key, uint64_t w) {
+  return w >= r.w_min && (key > r.cut_key || (key == r.cut_key && i <= r.cut_id));
+}
+
+// Sum over the block, the same on every thread.
+__device__ uint64_t BlockSum(uint64_t v, Smem& sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint64_t t = 0;
+  for (int w = 0; w < kWarps; ++w) t += sm.red[w];
+  __syncthreads();
+  return t;
+}
+
+// Exclusive prefix sum over the threads in index order.
+__device__ uint64_t BlockExclusiveScan(uint64_t v, Smem& sm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint64_t inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) sm.red[warp] = inc;
+  __syncthreads();
+  uint64_t base = 0;
+  for (int w = 0; w < warp; ++w) base += sm.red[w];
+  __syncthreads();
+  return base + inc - v;
+}
+
+// The kept token at which the running sum, in ranking order, first exceeds
+// `target`: each token adds 1 (by_count) or its weight. False when the kept
+// tokens sum to at most `target`.
+__device__ bool RankSelect(const Row& r, bool by_count, uint64_t target, Smem& sm, uint32_t& out_key,
+                           int& out_id) {
+  const int warp = threadIdx.x >> 5;
+  uint32_t prefix = 0;
+  uint64_t before = 0;  // kept tokens ranked above the current bucket
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int j = threadIdx.x; j < kWarps * kBuckets; j += kThreads) (&sm.hist[0][0])[j] = 0;
+    __syncthreads();
+    // Most logits share a few top digits, so the lanes of a warp that hit
+    // the same bucket add their values first (integer sums: order-free) and
+    // one of them updates the warp's histogram.
+    const int rounds = (r.n + kThreads - 1) / kThreads;
+    for (int round = 0; round < rounds; ++round) {
+      const int i = round * kThreads + static_cast<int>(threadIdx.x);
+      int bucket = kBuckets;  // none
+      uint64_t w = 0;
+      if (i < r.n) {
+        const float v = Clean(r.x[i]);
+        const uint32_t key = Key(v);
+        if (pass == 0 || (key >> (shift + 8)) == (prefix >> (shift + 8))) {
+          w = Weight(r, v);
+          if (Kept(r, i, key, w)) bucket = (key >> shift) & 0xFF;
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bucket);
+      if (bucket == kBuckets) continue;
+      // (weights are <= 2^40: two 20-bit halves sum without overflow)
+      const uint64_t add =
+          by_count ? __popc(peers)
+                   : (static_cast<uint64_t>(__reduce_add_sync(peers, static_cast<unsigned>(w >> 20))) << 20) +
+                         __reduce_add_sync(peers, static_cast<unsigned>(w & 0xFFFFF));
+      if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
+        atomicAdd(&sm.hist[warp][bucket], static_cast<unsigned long long>(add));
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kBuckets) {
+      uint64_t t = 0;
+      for (int w = 0; w < kWarps; ++w) t += sm.hist[w][threadIdx.x];
+      sm.bucket[threadIdx.x] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1;
+      for (int b = kBuckets - 1; b >= 0; --b) {
+        if (before + sm.bucket[b] > target) {
+          chosen = b;
+          break;
+        }
+        before += sm.bucket[b];
+      }
+      sm.chosen = chosen;
+      sm.before = before;
+    }
+    __syncthreads();
+    const int chosen = sm.chosen;
+    before = sm.before;
+    __syncthreads();
+    if (chosen < 0) return false;
+    prefix |= static_cast<uint32_t>(chosen) << shift;
+  }
+  // Tokens with key == prefix all weigh the same; skip those the target
+  // passes entirely, then take the next one in id order.
+  const uint64_t unit = by_count ? 1 : Weight(r, FromKey(prefix));
+  const uint64_t skip = (target - before) / unit;
+  const int chunk = (r.n + kThreads - 1) / kThreads;
+  const int lo = threadIdx.x * chunk, hi = min(r.n, lo + chunk);
+  uint64_t count = 0;
+  for (int i = lo; i < hi; ++i) {
+    const float v = Clean(r.x[i]);
+    const uint32_t key = Key(v);
+    count += key == prefix && Kept(r, i, key, Weight(r, v));
+  }
+  const uint64_t first = BlockExclusiveScan(count, sm);
+  if (skip >= first && skip < first + count) {
+    uint64_t seen = first;
+    for (int i = lo; i < hi; ++i) {
+      const float v = Clean(r.x[i]);
+      const uint32_t key = Key(v);
+      if (key == prefix && Kept(r, i, key, Weight(r, v)) && seen++ == skip) {
+        sm.id = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  out_key = prefix;
+  out_id = sm.id;
+  __syncthreads();
+  return true;
+}
+
+// Tokens whose float64 weight exp((x - max) / T) is above 0, as the host
+// Sampler counts its candidates (top-k applies only when k is below that).
+__device__ uint64_t CountPositive(const Row& r, Smem& sm) {
+  const float inv_t = r.scale / kLog2e;
+  uint64_t t = 0;
+  for (int i = threadIdx.x; i < r.n; i += kThreads) {
+    const float v = Clean(r.x[i]);
+    t += r.inf_mode ? v == INFINITY : (v == r.m || (v - r.m) * inv_t > -745.13f);
+  }
+  return BlockSum(t, sm);
+}
+
+// Sum of the kept weights (or the kept count).
+__device__ uint64_t SumKept(const Row& r, bool by_count, Smem& sm) {
+  uint64_t t = 0;
+  for (int i = threadIdx.x; i < r.n; i += kThreads) {
+    const float v = Clean(r.x[i]);
+    const uint64_t w = Weight(r, v);
+    if (Kept(r, i, Key(v), w)) t += by_count ? 1 : w;
+  }
+  return BlockSum(t, sm);
+}
+
+// The kept token at which the running weight, in id order, first exceeds
+// `target` (< the kept total).
+__device__ int IdOrderDraw(const Row& r, uint64_t target, Smem& sm) {
+  const int chunk = (r.n + kThreads - 1) / kThreads;
+  const int lo = threadIdx.x * chunk, hi = min(r.n, lo + chunk);
+  uint64_t mine = 0;
+  for (int i = lo; i < hi; ++i) {
+    const float v = Clean(r.x[i]);
+    const uint64_t w = Weight(r, v);
+    if (Kept(r, i, Key(v), w)) mine += w;
+  }
+  const uint64_t first = BlockExclusiveScan(mine, sm);
+  if (threadIdx.x == 0) sm.id = -1;
+  __syncthreads();
+  if (target >= first && target < first + mine) {
+    uint64_t cum = first;
+    for (int i = lo; i < hi; ++i) {
+      const float v = Clean(r.x[i]);
+      const uint64_t w = Weight(r, v);
+      if (!Kept(r, i, Key(v), w)) continue;
+      cum += w;
+      if (cum > target) {
+        sm.id = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return sm.id;
+}
+
+__global__ void __launch_bounds__(kThreads) SampleRowsKernel(const SampleParams p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const SampleRow rp = p.row[blockIdx.x];
+  Row r;
+  r.x = p.logits + static_cast<int64_t>(blockIdx.x) * p.ld;
+  r.n = p.vocab;
+
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < r.n; i += kThreads) m = fmaxf(m, Clean(r.x[i]));
+  {
+    uint32_t key = Key(m);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) key = umax(key, __shfl_xor_sync(0xffffffffu, key, o));
+    if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x >> 5] = key;
+    __syncthreads();
+    for (int w = 0; w < kWarps; ++w) key = umax(key, static_cast<uint32_t>(sm.red[w]));
+    __syncthreads();
+    m = FromKey(key);
+  }
+  if (rp.temperature == 0.0f || m == -INFINITY) {
+    // Greedy (or nothing above -inf): the lowest id holding the maximum.
+    int best = INT_MAX;
+    for (int i = threadIdx.x; i < r.n; i += kThreads) {
+      if (Clean(r.x[i]) == m) {
+        best = i;
+        break;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x >> 5] = static_cast<uint64_t>(best);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t b = sm.red[0];
+      for (int w = 1; w < kWarps; ++w) b = sm.red[w] < b ? sm.red[w] : b;
+      p.tokens[blockIdx.x] = b == INT_MAX ? 0 : static_cast<int>(b);
+    }
+    return;
+  }
+  r.m = m;
+  r.inf_mode = m == INFINITY;
+  r.scale = kLog2e / rp.temperature;
+
+  bool ranked = false;  // the kept tokens are walked in ranking order
+  uint32_t key;
+  int id;
+  if (rp.top_k > 0 && static_cast<uint64_t>(rp.top_k) < CountPositive(r, sm)) {
+    // (fewer than k tokens may have a fixed-point weight: then all stay)
+    if (RankSelect(r, true, static_cast<uint64_t>(rp.top_k) - 1, sm, key, id)) {
+      r.cut_key = key;
+      r.cut_id = id;
+    }
+    ranked = true;
+  }
+  if (rp.top_p < 1.0f) {
+    // The shortest ranked prefix whose weight reaches top_p of the kept
+    // total: the first token whose running sum is > ceil(top_p * total) - 1.
+    const double target = ceil(static_cast<double>(rp.top_p) * static_cast<double>(SumKept(r, false, sm)));
+    if (target >= 1.0 && RankSelect(r, false, static_cast<uint64_t>(target) - 1, sm, key, id)) {
+      r.cut_key = key;
+      r.cut_id = id;
+    }
+    ranked = true;
+  }
+  if (rp.min_p > 0.0f) {
+    // The largest kept weight is always 2^40 (the maximum logit's).
+    const double t = ceil(static_cast<double>(rp.min_p) * static_cast<double>(kOne));
+    r.w_min = t > 1.0 ? static_cast<uint64_t>(t) : 1;
+  }
+  const uint64_t total = SumKept(r, false, sm);
+  uint64_t target = static_cast<uint64_t>(floor(rp.u * static_cast<double>(total)));
+  if (target >= total) target = total - 1;  // (u just below 1, rounded up)
+  int token;
+  if (ranked) {
+    RankSelect(r, false, target, sm, key, token);
+  } else {
+    token = IdOrderDraw(r, target, sm);
+  }
+  if (threadIdx.x == 0) p.tokens[blockIdx.x] = token;
+}
+
+}  // namespace
+
+cudaError_t LaunchSampleRows(const SampleParams& p, cudaStream_t stream) {
+  if (p.rows <= 0) return cudaSuccess;
+  if (p.vocab <= 0 || p.vocab > kSampleMaxVocab || p.ld < p.vocab) return cudaErrorInvalidValue;
+  const int smem = static_cast<int>(sizeof(Smem));
+  cudaError_t err = cudaFuncSetAttribute(SampleRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  SampleRowsKernel<<<p.rows, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,61 @@
+// Sampling on the device: one token per logits row with the rules of
+// model/sampler.h except the penalties and logprobs (those rows stay on the
+// host):
+//
+//   temperature (0 = greedy: argmax, ties to the lowest id)
+//     -> top-k -> top-p -> min-p -> draw
+//
+// NaN logits count as -inf; +inf logits, when present, share the draw
+// uniformly; a row with nothing above -inf gives token 0. The draw `u` in
+// [0, 1) comes from the request's host generator (Sampler::NextDraw), so
+// a seeded request replays on any worker.
+//
+// Arithmetic. A token's weight is exp((x - max) / T) in float (hardware
+// exp2), held as a 2^-40 fixed-point integer; every sum is an integer sum,
+// so the result is exact, order-free and the same on every run. Each
+// truncation step keeps a prefix of the ranking (larger logit first, then
+// lower id), found by a radix select over the logits' order-preserving bits
+// (four 8-bit passes of per-bucket sums) and a scan over tied logits in id
+// order. The draw walks the kept tokens in ranking order when top-k or top-p
+// applied, else in id order, as the host Sampler does. Compared with the
+// Sampler's float64 weights this picks the same token unless the draw lands
+// within ~1e-6 (relative) of a boundary between two tokens' shares
+// (sampling_test measures that).
+//
+// One block of 1024 threads per row; 64 KiB of shared memory.
+#ifndef STRATA_KERNELS_CUDA_SAMPLING_H_
+#define STRATA_KERNELS_CUDA_SAMPLING_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+// One row's parameters (validated by the host: see SamplingParams).
+struct SampleRow {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // <= 0: off
+  float top_p = 1.0f;        // (0, 1]; 1 = off
+  float min_p = 0.0f;        // [0, 1]; 0 = off
+  double u = 0.0;            // the draw, in [0, 1)
+};
+
+struct SampleParams {
+  const float* logits = nullptr;  // [rows][ld]
+  int64_t ld = 0;
+  int rows = 0;
+  int vocab = 0;                  // 1 .. kSampleMaxVocab
+  const SampleRow* row = nullptr; // device, [rows]
+  int* tokens = nullptr;          // device, [rows]
+};
+
+// Fixed-point sums of up to this many weights of at most 2^40 fit 64 bits.
+inline constexpr int kSampleMaxVocab = 1 << 22;
+
+// cudaErrorInvalidValue for a vocabulary outside 1 .. kSampleMaxVocab.
+cudaError_t LaunchSampleRows(const SampleParams& p, cudaStream_t stream);
+
+}  // namespace strata::cuda
+
+#endif  // STRATA_KERNELS_CUDA_SAMPLING_H_
