@@ -173,9 +173,24 @@ int main(int argc, char** argv) {
     const double argmax = time_ms([&] { return (*engine)->GreedyTokens(hidden.data(), rows, &ids); });
     const double sampled = time_ms([&] { return (*engine)->SampleTokens(hidden.data(), draws, &ids); });
     const double copied = time_ms([&] { return (*engine)->Logits(hidden.data(), rows, &logits); });
+    // The host path as a worker runs it: the logits copied, then each row
+    // through its request's Sampler on one thread.
+    strata::SamplingParams sp;
+    sp.temperature = 0.8f;
+    sp.top_p = 0.9f;
+    sp.seed = 1;
+    auto host_sampler = strata::Sampler::Create(sp, c.vocab_size);
+    if (!host_sampler.ok()) return 1;
+    const double on_host = time_ms([&] {
+      const absl::Status st = (*engine)->Logits(hidden.data(), rows, &logits);
+      for (int r = 0; r < rows && st.ok(); ++r)
+        ids[r] = (*host_sampler)->Sample(absl::MakeConstSpan(&logits[static_cast<size_t>(r) * c.vocab_size], c.vocab_size));
+      return st;
+    });
     std::printf("\ntoken choice for %d rows (vocabulary %d, lm_head included), ms per call: device argmax %.3f, "
-                "device sampler (T 0.8, top-p 0.9) %.3f, logits to the host %.3f\n",
-                rows, c.vocab_size, argmax, sampled, copied);
+                "device sampler (T 0.8, top-p 0.9) %.3f; logits to the host %.3f, and sampled there (one thread) "
+                "%.3f\n",
+                rows, c.vocab_size, argmax, sampled, copied, on_host);
   }
 
   // ---- prefill: one sequence, a 512-token chunk after a prefix ------------

@@ -8,13 +8,18 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBuckets = 256;  // one 8-bit digit of a logit's key per pass
+constexpr int kDigitBits = 4;  // radix passes of one 4-bit digit of a logit's key
+constexpr int kBuckets = 1 << kDigitBits;
+constexpr int kPasses = 32 / kDigitBits;
+constexpr int kUnroll = 8;     // loads in flight per thread in the strided loops
 constexpr uint64_t kOne = uint64_t{1} << 40;  // fixed-point weight of the largest logit
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Smem {
-  unsigned long long hist[kWarps][kBuckets];  // per-warp bucket sums of a radix pass
-  uint64_t bucket[kBuckets];
+  // Per-thread bucket sums of a radix pass, [bucket][thread]: each thread
+  // adds to its own column (no atomics, no bank conflicts).
+  uint64_t hist[kBuckets][kThreads];
+  uint64_t part[kWarps];
   uint64_t red[kWarps];
   uint64_t before;
   int chosen;
@@ -60,6 +65,47 @@ __device__ __forceinline__ bool Kept(const Row& r, int i, uint32_t key, uint64_t
   return w >= r.w_min && (key > r.cut_key || (key == r.cut_key && i <= r.cut_id));
 }
 
+// Calls fn(i, clean logit) for this thread's tokens i = tid, tid + 1024, ...
+// Loads go kUnroll at a time: a row is read a dozen times from L2, and one
+// load in flight per thread would starve the SM.
+template <typename Fn>
+__device__ __forceinline__ void ForStrided(const Row& r, Fn&& fn) {
+  for (int base = 0; base < r.n; base += kThreads * kUnroll) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kThreads + static_cast<int>(threadIdx.x);
+      v[u] = i < r.n ? Clean(__ldg(r.x + i)) : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kThreads + static_cast<int>(threadIdx.x);
+      if (i < r.n) fn(i, v[u]);
+    }
+  }
+}
+
+// This thread's contiguous share of the ids, for walks in id order.
+__device__ __forceinline__ void ChunkOf(const Row& r, int& lo, int& hi) {
+  const int chunk = (r.n + kThreads - 1) / kThreads;
+  lo = min(r.n, static_cast<int>(threadIdx.x) * chunk);
+  hi = min(r.n, lo + chunk);
+}
+
+// Calls fn(i, clean logit) for i in [lo, hi) in order until it returns false.
+template <typename Fn>
+__device__ __forceinline__ void ForChunk(const Row& r, int lo, int hi, Fn&& fn) {
+  for (int base = lo; base < hi; base += kUnroll) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = base + u < hi ? Clean(__ldg(r.x + base + u)) : -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u < hi && !fn(base + u, v[u])) return;
+    }
+  }
+}
+
 // Sum over the block, the same on every thread.
 __device__ uint64_t BlockSum(uint64_t v, Smem& sm) {
 #pragma unroll
@@ -94,55 +140,42 @@ __device__ uint64_t BlockExclusiveScan(uint64_t v, Smem& sm) {
 // tokens sum to at most `target`.
 __device__ bool RankSelect(const Row& r, bool by_count, uint64_t target, Smem& sm, uint32_t& out_key,
                            int& out_id) {
-  const int warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   uint32_t prefix = 0;
   uint64_t before = 0;  // kept tokens ranked above the current bucket
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    for (int j = threadIdx.x; j < kWarps * kBuckets; j += kThreads) (&sm.hist[0][0])[j] = 0;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = 32 - kDigitBits * (pass + 1);
+#pragma unroll
+    for (int b = 0; b < kBuckets; ++b) sm.hist[b][tid] = 0;
+    ForStrided(r, [&](int i, float v) {
+      const uint32_t key = Key(v);
+      if (pass > 0 && (key >> (shift + kDigitBits)) != (prefix >> (shift + kDigitBits))) return;
+      const uint64_t w = Weight(r, v);
+      if (Kept(r, i, key, w)) sm.hist[(key >> shift) & (kBuckets - 1)][tid] += by_count ? 1 : w;
+    });
     __syncthreads();
-    // Most logits share a few top digits, so the lanes of a warp that hit
-    // the same bucket add their values first (integer sums: order-free) and
-    // one of them updates the warp's histogram.
-    const int rounds = (r.n + kThreads - 1) / kThreads;
-    for (int round = 0; round < rounds; ++round) {
-      const int i = round * kThreads + static_cast<int>(threadIdx.x);
-      int bucket = kBuckets;  // none
-      uint64_t w = 0;
-      if (i < r.n) {
-        const float v = Clean(r.x[i]);
-        const uint32_t key = Key(v);
-        if (pass == 0 || (key >> (shift + 8)) == (prefix >> (shift + 8))) {
-          w = Weight(r, v);
-          if (Kept(r, i, key, w)) bucket = (key >> shift) & 0xFF;
-        }
-      }
-      const unsigned peers = __match_any_sync(0xffffffffu, bucket);
-      if (bucket == kBuckets) continue;
-      // (weights are <= 2^40: two 20-bit halves sum without overflow)
-      const uint64_t add =
-          by_count ? __popc(peers)
-                   : (static_cast<uint64_t>(__reduce_add_sync(peers, static_cast<unsigned>(w >> 20))) << 20) +
-                         __reduce_add_sync(peers, static_cast<unsigned>(w & 0xFFFFF));
-      if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
-        atomicAdd(&sm.hist[warp][bucket], static_cast<unsigned long long>(add));
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < kBuckets) {
+    // Bucket totals: warps 2b and 2b + 1 sum bucket b's 1024 columns.
+    {
+      const int b = tid / (kThreads / kBuckets), part = tid % (kThreads / kBuckets);
       uint64_t t = 0;
-      for (int w = 0; w < kWarps; ++w) t += sm.hist[w][threadIdx.x];
-      sm.bucket[threadIdx.x] = t;
+#pragma unroll
+      for (int j = 0; j < kBuckets; ++j) t += sm.hist[b][j * (kThreads / kBuckets) + part];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+      if (lane == 0) sm.part[tid >> 5] = t;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
+      constexpr int kWarpsPerBucket = kWarps / kBuckets;
       int chosen = -1;
       for (int b = kBuckets - 1; b >= 0; --b) {
-        if (before + sm.bucket[b] > target) {
+        uint64_t sum = 0;
+        for (int w = 0; w < kWarpsPerBucket; ++w) sum += sm.part[b * kWarpsPerBucket + w];
+        if (before + sum > target) {
           chosen = b;
           break;
         }
-        before += sm.bucket[b];
+        before += sum;
       }
       sm.chosen = chosen;
       sm.before = before;
@@ -158,25 +191,22 @@ __device__ bool RankSelect(const Row& r, bool by_count, uint64_t target, Smem& s
   // passes entirely, then take the next one in id order.
   const uint64_t unit = by_count ? 1 : Weight(r, FromKey(prefix));
   const uint64_t skip = (target - before) / unit;
-  const int chunk = (r.n + kThreads - 1) / kThreads;
-  const int lo = threadIdx.x * chunk, hi = min(r.n, lo + chunk);
+  int lo, hi;
+  ChunkOf(r, lo, hi);
+  auto tied = [&](int i, float v) { return Key(v) == prefix && Kept(r, i, prefix, Weight(r, v)); };
   uint64_t count = 0;
-  for (int i = lo; i < hi; ++i) {
-    const float v = Clean(r.x[i]);
-    const uint32_t key = Key(v);
-    count += key == prefix && Kept(r, i, key, Weight(r, v));
-  }
+  ForChunk(r, lo, hi, [&](int i, float v) {
+    count += tied(i, v);
+    return true;
+  });
   const uint64_t first = BlockExclusiveScan(count, sm);
   if (skip >= first && skip < first + count) {
     uint64_t seen = first;
-    for (int i = lo; i < hi; ++i) {
-      const float v = Clean(r.x[i]);
-      const uint32_t key = Key(v);
-      if (key == prefix && Kept(r, i, key, Weight(r, v)) && seen++ == skip) {
-        sm.id = i;
-        break;
-      }
-    }
+    ForChunk(r, lo, hi, [&](int i, float v) {
+      if (!tied(i, v) || seen++ != skip) return true;
+      sm.id = i;
+      return false;
+    });
   }
   __syncthreads();
   out_key = prefix;
@@ -190,50 +220,45 @@ __device__ bool RankSelect(const Row& r, bool by_count, uint64_t target, Smem& s
 __device__ uint64_t CountPositive(const Row& r, Smem& sm) {
   const float inv_t = r.scale / kLog2e;
   uint64_t t = 0;
-  for (int i = threadIdx.x; i < r.n; i += kThreads) {
-    const float v = Clean(r.x[i]);
-    t += r.inf_mode ? v == INFINITY : (v == r.m || (v - r.m) * inv_t > -745.13f);
-  }
+  ForStrided(r, [&](int, float v) { t += r.inf_mode ? v == INFINITY : (v == r.m || (v - r.m) * inv_t > -745.13f); });
   return BlockSum(t, sm);
 }
 
 // Sum of the kept weights (or the kept count).
 __device__ uint64_t SumKept(const Row& r, bool by_count, Smem& sm) {
   uint64_t t = 0;
-  for (int i = threadIdx.x; i < r.n; i += kThreads) {
-    const float v = Clean(r.x[i]);
+  ForStrided(r, [&](int i, float v) {
     const uint64_t w = Weight(r, v);
     if (Kept(r, i, Key(v), w)) t += by_count ? 1 : w;
-  }
+  });
   return BlockSum(t, sm);
 }
 
 // The kept token at which the running weight, in id order, first exceeds
 // `target` (< the kept total).
 __device__ int IdOrderDraw(const Row& r, uint64_t target, Smem& sm) {
-  const int chunk = (r.n + kThreads - 1) / kThreads;
-  const int lo = threadIdx.x * chunk, hi = min(r.n, lo + chunk);
-  uint64_t mine = 0;
-  for (int i = lo; i < hi; ++i) {
-    const float v = Clean(r.x[i]);
+  int lo, hi;
+  ChunkOf(r, lo, hi);
+  auto kept_weight = [&](int i, float v) {
     const uint64_t w = Weight(r, v);
-    if (Kept(r, i, Key(v), w)) mine += w;
-  }
+    return Kept(r, i, Key(v), w) ? w : 0;
+  };
+  uint64_t mine = 0;
+  ForChunk(r, lo, hi, [&](int i, float v) {
+    mine += kept_weight(i, v);
+    return true;
+  });
   const uint64_t first = BlockExclusiveScan(mine, sm);
   if (threadIdx.x == 0) sm.id = -1;
   __syncthreads();
   if (target >= first && target < first + mine) {
     uint64_t cum = first;
-    for (int i = lo; i < hi; ++i) {
-      const float v = Clean(r.x[i]);
-      const uint64_t w = Weight(r, v);
-      if (!Kept(r, i, Key(v), w)) continue;
-      cum += w;
-      if (cum > target) {
-        sm.id = i;
-        break;
-      }
-    }
+    ForChunk(r, lo, hi, [&](int i, float v) {
+      cum += kept_weight(i, v);
+      if (cum <= target) return true;
+      sm.id = i;
+      return false;
+    });
   }
   __syncthreads();
   return sm.id;
@@ -248,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const SampleParams 
   r.n = p.vocab;
 
   float m = -INFINITY;
-  for (int i = threadIdx.x; i < r.n; i += kThreads) m = fmaxf(m, Clean(r.x[i]));
+  ForStrided(r, [&](int, float v) { m = fmaxf(m, v); });
   {
     uint32_t key = Key(m);
 #pragma unroll
@@ -262,12 +287,9 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const SampleParams 
   if (rp.temperature == 0.0f || m == -INFINITY) {
     // Greedy (or nothing above -inf): the lowest id holding the maximum.
     int best = INT_MAX;
-    for (int i = threadIdx.x; i < r.n; i += kThreads) {
-      if (Clean(r.x[i]) == m) {
-        best = i;
-        break;
-      }
-    }
+    ForStrided(r, [&](int i, float v) {
+      if (v == m) best = min(best, i);
+    });
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
     if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x >> 5] = static_cast<uint64_t>(best);

@@ -15,14 +15,15 @@
 // so the result is exact, order-free and the same on every run. Each
 // truncation step keeps a prefix of the ranking (larger logit first, then
 // lower id), found by a radix select over the logits' order-preserving bits
-// (four 8-bit passes of per-bucket sums) and a scan over tied logits in id
+// (eight 4-bit passes; each thread sums into its own column of a bucket
+// table, so there are no atomics) and a scan over tied logits in id
 // order. The draw walks the kept tokens in ranking order when top-k or top-p
 // applied, else in id order, as the host Sampler does. Compared with the
 // Sampler's float64 weights this picks the same token unless the draw lands
 // within ~1e-6 (relative) of a boundary between two tokens' shares
 // (sampling_test measures that).
 //
-// One block of 1024 threads per row; 64 KiB of shared memory.
+// One block of 1024 threads per row; 128 KiB of shared memory.
 #ifndef STRATA_KERNELS_CUDA_SAMPLING_H_
 #define STRATA_KERNELS_CUDA_SAMPLING_H_
 
