@@ -120,12 +120,11 @@ if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout 60 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/dsa_indexer_cuda_test" \
       --gtest_filter='*IndexerScoresAndSelection*'
     echo "dsa memcheck rc=$?"
-    timeout 120 compute-sanitizer --tool memcheck --print-limit 5 "$BIN/sampling_cuda_test" \
-      --gtest_filter='*SmallVocabularies*'
-    echo "sampling memcheck rc=$?"
-    timeout 120 compute-sanitizer --tool racecheck --print-limit 5 "$BIN/sampling_cuda_test" \
-      --gtest_filter='*SmallVocabularies*'
-    echo "sampling racecheck rc=$?"
+    for tool in memcheck racecheck; do
+      timeout 120 compute-sanitizer --tool $tool --print-limit 5 "$BIN/sampling_cuda_test" \
+        --gtest_filter='*SmallVocabularies*'
+      echo "sampling $tool rc=$?"
+    done
   } > "$OUT/memcheck.log" 2>&1
   grep -E "SUMMARY|check rc" "$OUT/memcheck.log"
 fi

@@ -374,6 +374,29 @@ absl::Status GpuEngine::GreedyTokens(const float* hidden, int rows, std::vector<
   return Synchronize();
 }
 
+absl::Status GpuEngine::WarmUp(int prompt_rows) {
+  const int64_t pages = (int64_t{prompt_rows} + 1 + 63) / 64;
+  if (prompt_rows <= 0 || free_pages() < pages) return absl::OkStatus();
+  auto seq = NewSequence();
+  if (!seq.ok()) return absl::OkStatus();
+  const int H = impl_->c.hidden_size;
+  const std::vector<int> tokens(prompt_rows, 0);
+  for (int n : {prompt_rows, 1}) {
+    const GpuChunk chunk{seq->get(), absl::MakeConstSpan(tokens.data(), n)};
+    std::vector<float> hidden;
+    if (!first_stage()) hidden.assign(static_cast<size_t>(n) * H, 0.0f);
+    RETURN_IF_ERROR(RunStage(absl::MakeConstSpan(&chunk, 1), &hidden));
+    if (last_stage()) {
+      std::vector<int> ids;
+      const float* last = hidden.data() + static_cast<size_t>(n - 1) * H;
+      RETURN_IF_ERROR(GreedyTokens(last, 1, &ids));
+      const SampleDraw draw;
+      RETURN_IF_ERROR(SampleTokens(last, absl::MakeConstSpan(&draw, 1), &ids));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuEngine::SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
                                      std::vector<int>* tokens) {
   const int rows = static_cast<int>(draws.size());

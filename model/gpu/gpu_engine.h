@@ -120,6 +120,15 @@ class GpuEngine {
   // RESOURCE_EXHAUSTED when max_sequences sequences are alive.
   absl::StatusOr<std::unique_ptr<GpuSequence>> NewSequence();
 
+  // One throwaway step of `prompt_rows` prompt tokens and one decode step on
+  // a temporary sequence (and, on the last stage, a device argmax and a
+  // device draw), which is then freed: the first real request finds the
+  // step scratch allocated, the kernels loaded and the common GEMM
+  // algorithms chosen. Nothing a later step sees changes (its pages go back
+  // to the pool). Does nothing when the pool or the sequence table has no
+  // room. Errors: INTERNAL (a CUDA failure).
+  absl::Status WarmUp(int prompt_rows);
+
   // Whole-model step: appends the chunks' tokens to their sequences and
   // returns logits ([sum of tokens, vocab] when all_logits, else the last
   // token of each chunk). Errors: INVALID_ARGUMENT (bad tokens, empty or

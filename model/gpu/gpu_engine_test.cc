@@ -740,27 +740,52 @@ TEST(GpuEngineTest, ArgmaxRowsFollowsSamplerRules) {
   EXPECT_EQ(got[9], 77);
 }
 
+// A fixture's engine after one stage step over its first `n` reference
+// tokens: the hidden rows the last-stage tests turn into logits and tokens.
+struct StagedRows {
+  std::unique_ptr<GpuEngine> engine;
+  std::unique_ptr<GpuSequence> seq;  // (destroyed before the engine)
+  std::vector<float> hidden;
+  int rows = 0;
+};
+
+StagedRows RunFixtureStage(const std::string& dir, size_t n) {
+  StagedRows st;
+  GpuEngineOptions opt;
+  opt.kv_cache_bytes = 16 << 20;
+  auto engine = GpuEngine::Load(dir, opt);
+  if (!engine.ok()) {
+    ADD_FAILURE() << engine.status();
+    return st;
+  }
+  st.engine = std::move(*engine);
+  auto seq = st.engine->NewSequence();
+  if (!seq.ok()) {
+    ADD_FAILURE() << seq.status();
+    return st;
+  }
+  st.seq = std::move(*seq);
+  std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
+  tokens.resize(std::min(tokens.size(), n));
+  GpuChunk c{st.seq.get(), tokens};
+  const absl::Status run = st.engine->RunStage({&c, 1}, &st.hidden);
+  EXPECT_TRUE(run.ok()) << run;
+  st.rows = run.ok() ? static_cast<int>(tokens.size()) : 0;
+  return st;
+}
+
 TEST(GpuEngineTest, GreedyTokensAreTheArgmaxOfTheLogits) {
   SKIP_WITHOUT_DEVICE();
   for (const std::string& dir : FixtureDirs()) {
     SCOPED_TRACE(dir);
-    GpuEngineOptions opt;
-    opt.kv_cache_bytes = 16 << 20;
-    auto engine = GpuEngine::Load(dir, opt);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    auto seq = (*engine)->NewSequence();
-    ASSERT_TRUE(seq.ok());
-    std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
-    tokens.resize(std::min<size_t>(tokens.size(), 24));
-    GpuChunk c{seq->get(), tokens};
-    std::vector<float> hidden;
-    ASSERT_TRUE((*engine)->RunStage({&c, 1}, &hidden).ok());
-    const int rows = static_cast<int>(tokens.size());
+    const StagedRows st = RunFixtureStage(dir, 24);
+    ASSERT_GT(st.rows, 0);
+    const int rows = st.rows;
     std::vector<float> logits;
     std::vector<int> greedy;
-    ASSERT_TRUE((*engine)->Logits(hidden.data(), rows, &logits).ok());
-    ASSERT_TRUE((*engine)->GreedyTokens(hidden.data(), rows, &greedy).ok());
-    const int V = (*engine)->config().vocab_size;
+    ASSERT_TRUE(st.engine->Logits(st.hidden.data(), rows, &logits).ok());
+    ASSERT_TRUE(st.engine->GreedyTokens(st.hidden.data(), rows, &greedy).ok());
+    const int V = st.engine->config().vocab_size;
     ASSERT_EQ(static_cast<int>(greedy.size()), rows);
     for (int r = 0; r < rows; ++r) EXPECT_EQ(greedy[r], SamplerGreedy(&logits[static_cast<size_t>(r) * V], V));
   }
@@ -773,22 +798,13 @@ TEST(GpuEngineTest, GreedyTokensAreTheArgmaxOfTheLogits) {
 // the Sampler on random draws.)
 TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
   SKIP_WITHOUT_DEVICE();
-  const std::string dir = FixtureDirs().front();
-  GpuEngineOptions opt;
-  opt.kv_cache_bytes = 16 << 20;
-  auto engine = GpuEngine::Load(dir, opt);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto seq = (*engine)->NewSequence();
-  ASSERT_TRUE(seq.ok());
-  std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
-  tokens.resize(std::min<size_t>(tokens.size(), 16));
-  GpuChunk c{seq->get(), tokens};
-  std::vector<float> hidden;
-  ASSERT_TRUE((*engine)->RunStage({&c, 1}, &hidden).ok());
-  const int rows = static_cast<int>(tokens.size());
-  const int V = (*engine)->config().vocab_size;
+  const StagedRows st = RunFixtureStage(FixtureDirs().front(), 16);
+  ASSERT_GT(st.rows, 0);
+  const int rows = st.rows;
+  const int V = st.engine->config().vocab_size;
+  const std::vector<float>& hidden = st.hidden;
   std::vector<float> logits;
-  ASSERT_TRUE((*engine)->Logits(hidden.data(), rows, &logits).ok());
+  ASSERT_TRUE(st.engine->Logits(hidden.data(), rows, &logits).ok());
 
   for (int top_k : {0, 5}) {
     SCOPED_TRACE(top_k);
@@ -821,11 +837,37 @@ TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
       want[r] = target;
     }
     std::vector<int> got;
-    ASSERT_TRUE((*engine)->SampleTokens(hidden.data(), draws, &got).ok());
+    ASSERT_TRUE(st.engine->SampleTokens(hidden.data(), draws, &got).ok());
     EXPECT_EQ(got, want);
   }
   std::vector<int> none;
-  EXPECT_EQ((*engine)->SampleTokens(hidden.data(), {}, &none).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.engine->SampleTokens(hidden.data(), {}, &none).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// WarmUp runs real steps on a throwaway sequence; afterwards the pool is as
+// it was and a request gets the same bits as on an engine never warmed up.
+TEST(GpuEngineTest, WarmUpChangesNothingALaterStepSees) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = FixtureDirs().front();
+  std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
+  tokens.resize(std::min<size_t>(tokens.size(), 20));
+  std::vector<float> logits[2];
+  for (int warm = 0; warm < 2; ++warm) {
+    GpuEngineOptions opt;
+    opt.kv_cache_bytes = 16 << 20;
+    auto engine = GpuEngine::Load(dir, opt);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const int64_t free_before = (*engine)->free_pages();
+    if (warm) {
+      ASSERT_TRUE((*engine)->WarmUp(100).ok());
+      EXPECT_EQ((*engine)->free_pages(), free_before);
+    }
+    auto seq = (*engine)->NewSequence();
+    ASSERT_TRUE(seq.ok());
+    const GpuChunk c{seq->get(), tokens};
+    ASSERT_TRUE((*engine)->Forward({&c, 1}, /*all_logits=*/true, &logits[warm]).ok());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
 }
 
 }  // namespace
