@@ -24,7 +24,7 @@ MODE=${1:-run}
 BUILD=${BUILD_DIR:-build-cuda}
 BIN=$BUILD/gpu-bin
 TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test sampling_cuda_test gpu_engine_test"
-BENCHES="strata_attention_bench strata_gpu_e2e_bench"
+BENCHES="strata_attention_bench strata_gpu_e2e_bench strata_moe_bench"
 
 if [ "$MODE" = build ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON ${CMAKE_ARGS:-} || exit 1

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/device_util.cuh"
+
 namespace strata::cuda {
 namespace {
 
@@ -166,7 +168,166 @@ cudaError_t LaunchProducts(const MoeGemvParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// ---- tensor-core products for larger steps ---------------------------------
+// mma.sync m16n8k16 with the weights as the 16-row operand and the entries
+// as the 8 columns. A block owns 64 of an expert's weight rows (four m16
+// tiles) and up to 32 of its entries at a time (four n8 tiles); its eight
+// warps split K into eight slices (a step touches few experts, so rows
+// alone would leave the GPU idle) and their partial sums are added through
+// shared memory in warp order — a fixed order, so an entry's bits depend on
+// its own values only. Within a slice, K goes in chunks of 32: each thread
+// loads 16 bytes (8 values) of two weight rows per m16 tile and 8 values of
+// one entry's row per n8 tile (converted to bf16), and the two k16 steps of
+// a chunk take each thread's values 0-3 and 4-7 — the same permutation of k
+// on both operands, so the dot products are unchanged and every load is 16
+// bytes wide. Gate/up: the 64 rows are 32 gate rows and the matching 32 up
+// rows, so one thread holds both values of an output.
+constexpr int kMmaWarps = 8;                   // K slices
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMTiles = 4;                     // weight rows per block: 64
+constexpr int kNTiles = 4;                     // entries per pass: 32
+constexpr int kKChunk = 32;
+constexpr int kRedFloats = kMmaWarps * kMTiles * kNTiles * 4 * 32;
+
+__device__ __forceinline__ uint32_t PackBf16(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kMmaThreads, 2) MoeMmaKernel(MoeGemvParams p) {
+  extern __shared__ float red[];  // [warp][mt][nt][4][lane]
+  if (static_cast<int>(blockIdx.y) >= p.used[0]) return;
+  const int e = p.used[1 + blockIdx.y];
+  const int begin = p.offsets[e], end = p.offsets[e + 1];
+  const int K = kGateUp ? p.hidden : p.inter;
+  const int N = kGateUp ? p.inter : p.hidden;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(kGateUp ? p.gate_up[e] : p.down[e]);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  // The block's outputs start at o0: 32 (gate/up) or 64 (down) of them.
+  const int o0 = blockIdx.x * (kGateUp ? 32 : 64);
+  const int kslice = K / kMmaWarps, k0 = warp * kslice;
+  // The weight rows this thread loads: rows g and g + 8 of each m16 tile.
+  const __nv_bfloat16* wrow[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * (kGateUp ? mt % 2 : mt) + g + 8 * h;
+      const int row = kGateUp ? (mt < 2 ? o0 + r : N + o0 + r) : o0 + r;
+      wrow[mt][h] = w + static_cast<int64_t>(row) * K + k0 + 8 * q;
+    }
+  }
+  for (int g0 = begin; g0 < end; g0 += 8 * kNTiles) {
+    const int n = min(8 * kNTiles, end - g0);
+    const int ntiles = (n + 7) / 8;
+    // The row (of x or act) this thread loads for each n8 tile: entry g.
+    const float* arow[kNTiles];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int slot = 8 * nt + g;
+      const int en = slot < n ? p.list[g0 + slot] : -1;
+      arow[nt] = en < 0 ? nullptr
+                 : kGateUp ? p.x + static_cast<int64_t>(en / p.k) * K + k0 + 8 * q
+                           : p.act + static_cast<int64_t>(en) * K + k0 + 8 * q;
+    }
+    float acc[kMTiles][kNTiles][4] = {};
+#pragma unroll 2
+    for (int kc = 0; kc < kslice; kc += kKChunk) {
+      uint4 a[kMTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[mt][h] = __ldg(reinterpret_cast<const uint4*>(wrow[mt][h] + kc));
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        if (nt >= ntiles) break;
+        float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+        if (arow[nt] != nullptr) {
+          lo = *reinterpret_cast<const float4*>(arow[nt] + kc);
+          hi = *reinterpret_cast<const float4*>(arow[nt] + kc + 4);
+        }
+        const uint32_t b0 = PackBf16(lo.x, lo.y), b1 = PackBf16(lo.z, lo.w);
+        const uint32_t b2 = PackBf16(hi.x, hi.y), b3 = PackBf16(hi.z, hi.w);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          // values 0-3: a0 (row g) .x, a1 (row g + 8) .x, a2 (row g) .y, a3 .y
+          const uint32_t f0[4] = {a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y};
+          const uint32_t f1[4] = {a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w};
+          dev::MmaBf16(acc[mt][nt], f0, b0, b1);
+          dev::MmaBf16(acc[mt][nt], f1, b2, b3);
+        }
+      }
+    }
+    // Partial sums to shared memory; warp w then adds, in warp order, the
+    // fragments of n8 tile w % 4 and m16 tiles w / 4 and w / 4 + 2 (for
+    // gate/up: gate rows and their up rows) and writes those outputs.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[(((warp * kMTiles + mt) * kNTiles + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
+      }
+    }
+    __syncthreads();
+    const int nt = warp % kNTiles, m_lo = warp / kNTiles;
+    if (nt < ntiles) {
+      float sum[2][4] = {};
+#pragma unroll
+      for (int w2 = 0; w2 < kMmaWarps; ++w2) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sum[j][i] += red[(((w2 * kMTiles + m_lo + 2 * j) * kNTiles + nt) * 4 + i) * 32 + lane];
+        }
+      }
+      // sum[j][0..1]: (weight row g of m16 tile m_lo + 2j, entries 2q, 2q + 1); [2..3]: row g + 8.
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int slot = 8 * nt + 2 * q + c;
+        if (slot >= n) continue;
+        const int64_t en = p.list[g0 + slot];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (kGateUp) {
+            const float gt = sum[0][2 * h + c], up = sum[1][2 * h + c];
+            p.act[en * N + o0 + 16 * m_lo + g + 8 * h] = gt / (1.0f + expf(-gt)) * up;
+          } else {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) p.y[en * N + o0 + 16 * (m_lo + 2 * j) + g + 8 * h] = sum[j][2 * h + c];
+          }
+        }
+      }
+    }
+    __syncthreads();  // (red is reused by the next pass)
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchMoeGemm(const MoeGemvParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.k <= 0) return cudaSuccess;
+  if (p.type != GemmType::kBF16 || p.hidden % 256 != 0 || p.inter % 256 != 0 || p.rows * p.k > kMoeGemvMaxEntries ||
+      p.experts <= 0 || p.experts > 1024) {
+    return cudaErrorInvalidValue;
+  }
+  MoeListKernel<<<1, kListThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int slots = std::min(p.experts, p.rows * p.k);
+  const int smem = kRedFloats * static_cast<int>(sizeof(float));
+  for (auto* kernel : {MoeMmaKernel<true>, MoeMmaKernel<false>}) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  MoeMmaKernel<true><<<dim3(p.inter / 32, slots), kMmaThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  MoeMmaKernel<false><<<dim3(p.hidden / 64, slots), kMmaThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.k <= 0) return cudaSuccess;

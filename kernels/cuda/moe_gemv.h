@@ -7,13 +7,13 @@
 //
 // and LaunchMoeCombine sums the y of a row with the routing weights. Three
 // launches: one block groups the entries by expert (offsets, a list, and the
-// used experts), then the gate/up and the down products as matrix-vector
-// kernels over each used expert's weight rows (a grid over the used experts
-// only: rows * k of them at most) —
-// every weight row is read once per group of up to four entries, so the
-// cost is the used experts' bytes, as the weights' bandwidth allows. Each
-// entry's dot products run in a fixed order whatever else is in the batch
-// (batch invariant). Entries whose id is out of range get y = 0.
+// used experts), then the gate/up and the down products over each used
+// expert's weight rows (a grid over the used experts only: rows * k of them
+// at most) — as matrix-vector kernels (LaunchMoeGemv: every weight row read
+// once per group of up to four entries, f32 activations) or on tensor cores
+// (LaunchMoeGemm: once per 32 entries, bf16 activations). Each entry's dot
+// products run in a fixed order whatever else is in the batch (batch
+// invariant). Entries whose id is out of range get y = 0.
 #ifndef STRATA_KERNELS_CUDA_MOE_GEMV_H_
 #define STRATA_KERNELS_CUDA_MOE_GEMV_H_
 
@@ -45,6 +45,16 @@ inline constexpr int kMoeGemvMaxEntries = 4096;
 // REQUIRES: hidden % 8 == 0, inter % 8 == 0, rows * k <= kMoeGemvMaxEntries,
 // experts <= 1024.
 cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream);
+
+// The same products for larger steps, on tensor cores (mma.sync, bf16
+// operands: x and act are rounded to bf16 as a cuBLASLt bf16 GEMM would,
+// f32 accumulation): an expert's entries are taken 32 at a time, so each
+// weight row is read once per 32 entries instead of once per four. An
+// entry's bits still do not depend on the others (an mma's columns are
+// independent). bf16 weights only.
+// REQUIRES: hidden % 256 == 0, inter % 256 == 0, rows * k <=
+// kMoeGemvMaxEntries, experts <= 1024 (else cudaErrorInvalidValue).
+cudaError_t LaunchMoeGemm(const MoeGemvParams& p, cudaStream_t stream);
 
 }  // namespace strata::cuda
 

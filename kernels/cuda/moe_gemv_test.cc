@@ -1,8 +1,8 @@
-// LaunchMoeGemv against a float64 CPU reference of the routed experts on fresh
-// random data: bf16 and f32 weights, experts used by no entry, by one and by
-// more entries than one group, a token routed twice to the same expert, an
-// out-of-range id (y = 0), and an entry's bits alone equal to its bits in a
-// batch.
+// LaunchMoeGemv and LaunchMoeGemm against a float64 CPU reference of the
+// routed experts on fresh random data: bf16 and f32 weights, experts used by
+// no entry, by one and by more entries than one group (or one 64-entry pass),
+// a token routed twice to the same expert, an out-of-range id (y = 0), and an
+// entry's bits alone equal to its bits in a batch.
 #include "kernels/cuda/moe_gemv.h"
 
 #include <cmath>
@@ -27,9 +27,11 @@ struct Problem {
 
 float Stored(float v, bool bf16) { return bf16 ? testing::FromBf16Bits(testing::ToBf16Bits(v)) : v; }
 
-Problem MakeProblem(uint64_t seed, bool bf16, int rows, int k) {
+Problem MakeProblem(uint64_t seed, bool bf16, int rows, int k, int hidden = 72, int inter = 40) {
   testing::Rng rng(seed);
   Problem p;
+  p.hidden = hidden;
+  p.inter = inter;
   p.bf16 = bf16;
   p.rows = rows;
   p.k = k;
@@ -52,13 +54,22 @@ Problem MakeProblem(uint64_t seed, bool bf16, int rows, int k) {
   return p;
 }
 
-// y[entry][hidden] in float64; entries with an invalid id are zero.
-std::vector<double> Reference(const Problem& p) {
+// y[entry][hidden] in float64; entries with an invalid id are zero. With
+// bf16_inputs, x and act are rounded to bf16 first, as the tensor-core
+// kernel's operands are; with `act_in` ([entry][inter]) the down product
+// takes those act values instead of its own (act_out gets its own).
+std::vector<double> Reference(const Problem& p, bool bf16_inputs = false, const std::vector<float>* act_in = nullptr,
+                              std::vector<double>* act_out = nullptr) {
+  if (act_out != nullptr) act_out->assign(static_cast<size_t>(p.rows) * p.k * p.inter, 0.0);
   std::vector<double> y(static_cast<size_t>(p.rows) * p.k * p.hidden, 0.0);
   for (int i = 0; i < p.rows * p.k; ++i) {
     const int e = p.ids[i];
     if (e < 0 || e >= p.experts) continue;
-    const float* x = &p.x[static_cast<size_t>(i / p.k) * p.hidden];
+    std::vector<float> x(p.x.begin() + static_cast<size_t>(i / p.k) * p.hidden,
+                         p.x.begin() + static_cast<size_t>(i / p.k + 1) * p.hidden);
+    if (bf16_inputs) {
+      for (float& v : x) v = Stored(v, true);
+    }
     std::vector<double> act(p.inter);
     for (int j = 0; j < p.inter; ++j) {
       double g = 0, u = 0;
@@ -67,6 +78,9 @@ std::vector<double> Reference(const Problem& p) {
         u += double{p.gate_up[e][static_cast<size_t>(p.inter + j) * p.hidden + c]} * x[c];
       }
       act[j] = g / (1.0 + std::exp(-g)) * u;
+      if (act_out != nullptr) (*act_out)[static_cast<size_t>(i) * p.inter + j] = act[j];
+      if (act_in != nullptr) act[j] = (*act_in)[static_cast<size_t>(i) * p.inter + j];
+      if (bf16_inputs) act[j] = Stored(static_cast<float>(act[j]), true);
     }
     for (int r = 0; r < p.hidden; ++r) {
       double s = 0;
@@ -77,8 +91,8 @@ std::vector<double> Reference(const Problem& p) {
   return y;
 }
 
-// Runs the kernel; returns y.
-std::vector<float> RunKernel(const Problem& p) {
+// Runs the kernels (LaunchMoeGemv, or LaunchMoeGemm); returns y (and act).
+std::vector<float> RunKernel(const Problem& p, bool tensor_cores = false, std::vector<float>* act_out = nullptr) {
   std::vector<DeviceBuffer> weights;
   std::vector<const void*> ptrs(2 * p.experts);
   for (int t = 0; t < 2; ++t) {
@@ -120,10 +134,14 @@ std::vector<float> RunKernel(const Problem& p) {
   mp.list = list.as<int>();
   mp.act = act.as<float>();
   mp.y = y.as<float>();
-  STRATA_CUDA_OK(LaunchMoeGemv(mp, nullptr));
+  STRATA_CUDA_OK(tensor_cores ? LaunchMoeGemm(mp, nullptr) : LaunchMoeGemv(mp, nullptr));
   STRATA_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> out(static_cast<size_t>(n) * p.hidden);
   y.Download(out.data(), y.bytes());
+  if (act_out != nullptr) {
+    act_out->resize(static_cast<size_t>(n) * p.inter);
+    act.Download(act_out->data(), act.bytes());
+  }
   return out;
 }
 
@@ -181,6 +199,83 @@ TEST_F(MoeGemvTest, AnEntrysBitsDoNotDependOnTheBatch) {
       ASSERT_EQ(alone[i], all[static_cast<size_t>(r) * batch.k * batch.hidden + i]) << "row " << r << " at " << i;
     }
   }
+}
+
+// The tensor-core kernel: up to 80 entries on one expert (three passes of
+// 32), experts with one entry, a repeated token, an out-of-range id.
+TEST_F(MoeGemvTest, TensorCoreProductsMatchFloat64Reference) {
+  for (int rows : {5, 80}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed_ << " rows " << rows);
+    Problem p = MakeProblem(seed_ + rows, /*bf16=*/true, rows, 4, /*hidden=*/256, /*inter=*/256);
+    p.ids[5] = p.ids[4];
+    p.ids[7] = p.experts + 5;
+    // Each product on its own: act against float64 from the bf16-rounded x,
+    // then y against float64 from the kernel's own act rounded to bf16 (an
+    // act value near a bf16 rounding midpoint may round either way in f32
+    // and float64; comparing y with the reference's act would count that).
+    std::vector<float> act;
+    const std::vector<float> got = RunKernel(p, /*tensor_cores=*/true, &act);
+    std::vector<double> ref_act;
+    Reference(p, /*bf16_inputs=*/true, nullptr, &ref_act);
+    const std::vector<double> ref = Reference(p, /*bf16_inputs=*/true, &act);
+    auto worst = [](const auto& a, const auto& b, int n_valid_check) {
+      double max_abs = 0, max_err = 0;
+      int nonfinite = 0;
+      for (size_t i = 0; i < b.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(double{b[i]}));
+        max_err = std::max(max_err, std::fabs(double{a[i]} - double{b[i]}));
+        nonfinite += std::isfinite(a[i]) ? 0 : 1;
+      }
+      EXPECT_EQ(nonfinite, n_valid_check);
+      return max_err / max_abs;
+    };
+    // (act of the out-of-range entry is never written: it stays poisoned
+    // only in y's buffer, which the kernel zeroes)
+    std::vector<float> act_valid = act;
+    std::vector<double> ref_act_valid = ref_act;
+    for (int j = 0; j < p.inter; ++j) act_valid[static_cast<size_t>(7) * p.inter + j] = 0.0f;
+    const double act_err = worst(act_valid, ref_act_valid, 0), y_err = worst(got, ref, 0);
+    std::printf("  tensor cores, rows %d: act %.2e, y %.2e of their max |ref|\n", rows, act_err, y_err);
+    // f32 sums of 256 products whose |terms| add up to ~10x the largest
+    // value: rounding errors of 2^-24 each, as a random walk ~sqrt(256) *
+    // 2^-24 * 10 ~ 1e-5 (measured ~2e-7). A wrong row, tile or entry is off
+    // by O(1).
+    EXPECT_LE(act_err, 2e-5);
+    EXPECT_LE(y_err, 2e-5);
+    for (int c = 0; c < p.hidden; ++c) EXPECT_EQ(got[static_cast<size_t>(7) * p.hidden + c], 0.0f);
+  }
+}
+
+TEST_F(MoeGemvTest, TensorCoreEntrysBitsDoNotDependOnTheBatch) {
+  Problem batch = MakeProblem(seed_, true, 40, 4, 256, 256);
+  const std::vector<float> all = RunKernel(batch, true);
+  for (int r : {0, 17, 39}) {
+    Problem one = batch;
+    one.rows = 1;
+    one.x.assign(batch.x.begin() + static_cast<size_t>(r) * batch.hidden,
+                 batch.x.begin() + static_cast<size_t>(r + 1) * batch.hidden);
+    one.ids.assign(batch.ids.begin() + r * batch.k, batch.ids.begin() + (r + 1) * batch.k);
+    const std::vector<float> alone = RunKernel(one, true);
+    for (size_t i = 0; i < alone.size(); ++i) {
+      ASSERT_EQ(alone[i], all[static_cast<size_t>(r) * batch.k * batch.hidden + i]) << "row " << r << " at " << i;
+    }
+  }
+}
+
+TEST_F(MoeGemvTest, TensorCoreKernelRejectsUnsupportedShapes) {
+  MoeGemvParams p;
+  p.rows = 1;
+  p.k = 1;
+  p.experts = 4;
+  p.hidden = 128;  // not a multiple of 256
+  p.inter = 256;
+  EXPECT_EQ(LaunchMoeGemm(p, nullptr), cudaErrorInvalidValue);
+  p.hidden = 256;
+  p.inter = 128;  // not a multiple of 256
+  EXPECT_EQ(LaunchMoeGemm(p, nullptr), cudaErrorInvalidValue);
+  p.inter = 256;
+  p.type = GemmType::kF32;
+  EXPECT_EQ(LaunchMoeGemm(p, nullptr), cudaErrorInvalidValue);
 }
 
 TEST_F(MoeGemvTest, RejectsWidthsThatAreNotMultiplesOfEight) {

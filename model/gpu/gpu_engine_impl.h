@@ -121,13 +121,16 @@ struct GpuEngine::Impl {
 
   absl::Status Attention(const GpuStep& st, int global_layer, int local_layer, const float* x, float* out);
   absl::Status Mlp(const GpuStep& st, int global_layer, int local_layer, const float* x, float* out);
-  // Whether the routed experts of local layer `l` run as device matrix-vector
-  // products (cuda::LaunchMoeGemv) for a step of `rows` rows: up to
-  // kMoeGemvMaxRows rows, or any step in the batch-invariant mode (up to
-  // cuda::kMoeGemvMaxEntries entries); experts without biases, widths that
-  // are multiples of 8. Builds the layer's table of expert pointers on first
+  // Where the routed experts of local layer `l` run for a step of `rows`
+  // rows (up to cuda::kMoeGemvMaxEntries entries, experts without biases):
+  // device matrix-vector products (cuda::LaunchMoeGemv) up to
+  // kMoeGemvMaxRows rows and for any step in the batch-invariant mode,
+  // device tensor-core products (cuda::LaunchMoeGemm, bf16 weights, hidden a
+  // multiple of 256 and inter of 256) for larger steps, else the host-
+  // dispatched GEMMs. Builds the layer's table of expert pointers on first
   // use.
-  bool UseMoeGemv(int l, int rows);
+  enum class MoePath { kHost, kGemv, kGemm };
+  MoePath DeviceMoePath(int l, int rows);
   std::vector<gpu::DeviceBuffer> expert_tables;  // per local layer: [2 * experts] pointers
   absl::Status RunMlp(const gpu::DMlp& m, int rows, const float* x, float* out);
   absl::Status Indexer(const GpuStep& st, int local_layer, const float* x, const float* q_latent);

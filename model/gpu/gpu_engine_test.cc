@@ -316,24 +316,28 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtureTest, ::testing::ValuesIn(FixtureDi
 // dim 128, 8 index heads) so the tuned decode and indexer kernels run. Dense
 // MLPs only: a random router flips experts under the tuned kernels' bf16
 // rounding, which would hide what these tests measure (the fixtures cover MoE).
-std::string DeepseekShapedModel(int topk, int layers = 3) {
+// (dense_layers: the first layers with a dense MLP, the rest MoE; -1 = all)
+std::string DeepseekShapedModel(int topk, int layers = 3, int dense_layers = -1) {
+  if (dense_layers < 0) dense_layers = layers;
   const fs::path d = fs::path(::testing::TempDir()) /
-                     ("gpu_engine_test_ds_shaped_" + std::to_string(topk) + "_" + std::to_string(layers));
+                     ("gpu_engine_test_ds_shaped_" + std::to_string(topk) + "_" + std::to_string(layers) + "_" +
+                      std::to_string(dense_layers));
   if (fs::exists(d / "model.safetensors")) return d.string();
   fs::create_directories(d);
   std::string config = R"({
     "model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"],
-    "vocab_size": 320, "hidden_size": 256, "intermediate_size": 384, "moe_intermediate_size": 64,
+    "vocab_size": 320, "hidden_size": 256, "intermediate_size": 384, "moe_intermediate_size": 256,
     "num_hidden_layers": LAYERS, "num_attention_heads": 16, "num_key_value_heads": 16,
     "q_lora_rank": 96, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
     "v_head_dim": 32, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
     "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
-    "first_k_dense_replace": LAYERS, "moe_layer_freq": 1, "rms_norm_eps": 1e-6,
+    "first_k_dense_replace": DENSE, "moe_layer_freq": 1, "rms_norm_eps": 1e-6,
     "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": null,
     "index_n_heads": 8, "index_head_dim": 128, "index_topk": TOPK,
     "attention_bias": false, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1
   })";
   config.replace(config.find("TOPK"), 4, std::to_string(topk));
+  config.replace(config.find("DENSE"), 5, std::to_string(dense_layers));
   for (size_t at; (at = config.find("LAYERS")) != std::string::npos;) config.replace(at, 6, std::to_string(layers));
   const absl::Status s = WriteRandomModel(d.string(), config, {});
   EXPECT_TRUE(s.ok()) << s;
@@ -868,6 +872,61 @@ TEST(GpuEngineTest, WarmUpChangesNothingALaterStepSees) {
     ASSERT_TRUE((*engine)->Forward({&c, 1}, /*all_logits=*/true, &logits[warm]).ok());
   }
   EXPECT_EQ(logits[0], logits[1]);
+}
+
+// Steps of more than 4 rows run the routed experts with the tensor-core
+// kernel (hidden 256, expert width 256, bf16), single rows with the
+// matrix-vector kernel: a prompt prefilled in one step and the same prompt
+// fed one token per step must give the same logits up to bf16 rounding (the
+// tensor-core kernel rounds activations to bf16). Random routers choose on
+// small gaps, so a rounding difference may send a position to another
+// expert and move it by O(1): 90 % of the positions must agree; a wrong
+// entry, expert or combine would move nearly all of them.
+TEST(GpuEngineTest, LargeMoeStepsOnTensorCoresMatchSingleRowSteps) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = DeepseekShapedModel(256, 2, /*dense_layers=*/1);
+  const uint32_t seed = std::random_device{}();
+  const std::vector<int> tokens = RandomTokens(48, 320, seed);
+  std::vector<float> logits[2];
+  for (int one_by_one = 0; one_by_one < 2; ++one_by_one) {
+    GpuEngineOptions opt;
+    opt.kv_cache_bytes = 64 << 20;
+    auto engine = GpuEngine::Load(dir, opt);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto seq = (*engine)->NewSequence();
+    ASSERT_TRUE(seq.ok());
+    if (one_by_one) {
+      for (size_t t = 0; t < tokens.size(); ++t) {
+        std::vector<float> lg;
+        const GpuChunk c{seq->get(), absl::MakeConstSpan(&tokens[t], 1)};
+        ASSERT_TRUE((*engine)->Forward({&c, 1}, false, &lg).ok());
+        logits[1].insert(logits[1].end(), lg.begin(), lg.end());
+      }
+    } else {
+      const GpuChunk c{seq->get(), tokens};
+      ASSERT_TRUE((*engine)->Forward({&c, 1}, true, &logits[0]).ok());
+    }
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  const int V = 320, T = static_cast<int>(tokens.size());
+  const float max_ref = MaxAbs(logits[1]);
+  int close = 0;
+  float worst_close = 0;
+  for (int t = 0; t < T; ++t) {
+    float d = 0;
+    for (int v = 0; v < V; ++v) {
+      const size_t i = static_cast<size_t>(t) * V + v;
+      ASSERT_TRUE(std::isfinite(logits[0][i])) << "position " << t;
+      d = std::max(d, std::fabs(logits[0][i] - logits[1][i]));
+    }
+    if (d <= 2e-2f * max_ref) {
+      ++close;
+      worst_close = std::max(worst_close, d);
+    }
+  }
+  std::printf("MoE on tensor cores vs matrix-vector: %d of %d positions within 2e-2 of max |logit| (worst of "
+              "those %.3g) (seed %u)\n", close, T, worst_close / max_ref, seed);
+  EXPECT_GE(close, T * 9 / 10) << "seed " << seed;
 }
 
 }  // namespace

@@ -291,25 +291,30 @@ absl::Status GpuEngine::Impl::RunMlp(const gpu::DMlp& m, int rows, const float* 
 // Up to this many rows an expert has at most this many entries (a row's k
 // experts are distinct), one group of the matrix-vector kernel, so every
 // weight row is read once; with more, experts shared by many rows are better
-// served by GEMMs.
+// served by the tensor-core kernel (32 entries per pass over the weights).
 constexpr int kMoeGemvMaxRows = 4;
 
-bool GpuEngine::Impl::UseMoeGemv(int l, int rows) {
+GpuEngine::Impl::MoePath GpuEngine::Impl::DeviceMoePath(int l, int rows) {
   const gpu::DLayer& d = w->layers[l];
   const int entries = rows * c.num_experts_per_tok;
-  if (d.experts.empty() || entries > cuda::kMoeGemvMaxEntries || d.experts.size() > 1024) return false;
-  if (rows > kMoeGemvMaxRows && !opt.batch_invariant_gemm) return false;
+  if (d.experts.empty() || entries > cuda::kMoeGemvMaxEntries || d.experts.size() > 1024) return MoePath::kHost;
   const int inter = d.experts[0].gate_up.out / 2;
-  if (c.hidden_size % 8 != 0 || inter % 8 != 0) return false;
+  if (c.hidden_size % 8 != 0 || inter % 8 != 0) return MoePath::kHost;
+  // The batch-invariant mode keeps one kernel for every step size.
+  const MoePath path = rows <= kMoeGemvMaxRows || opt.batch_invariant_gemm ? MoePath::kGemv : MoePath::kGemm;
+  if (path == MoePath::kGemm &&
+      (d.experts[0].gate_up.type != cuda::GemmType::kBF16 || c.hidden_size % 256 != 0 || inter % 256 != 0)) {
+    return MoePath::kHost;
+  }
   if (expert_tables.size() != w->layers.size()) expert_tables.resize(w->layers.size());
-  if (expert_tables[l].bytes() != 0) return true;
+  if (expert_tables[l].bytes() != 0) return path;
   const size_t E = d.experts.size();
   std::vector<const void*> ptrs(2 * E);
   for (size_t e = 0; e < E; ++e) {
     const gpu::DMlp& m = d.experts[e];
     if (m.gate_up.bias() != nullptr || m.down.bias() != nullptr || m.gate_up.out != 2 * inter ||
         m.down.in != inter || m.gate_up.type != d.experts[0].gate_up.type || m.down.type != m.gate_up.type) {
-      return false;
+      return MoePath::kHost;
     }
     ptrs[e] = m.gate_up.w.get();
     ptrs[E + e] = m.down.w.get();
@@ -317,10 +322,10 @@ bool GpuEngine::Impl::UseMoeGemv(int l, int rows) {
   auto table = gpu::DeviceBuffer::Alloc(ptrs.size() * sizeof(void*));
   if (!table.ok() || cudaMemcpy(table->get(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice) !=
                          cudaSuccess) {
-    return false;  // (the host-dispatched path needs no table)
+    return MoePath::kHost;  // (the host-dispatched path needs no table)
   }
   expert_tables[l] = std::move(*table);
-  return true;
+  return path;
 }
 
 absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* x, float* out) {
@@ -346,9 +351,10 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
   rp.expert_weights = s.moe_w.as<float>();
   STRATA_CUDA_RETURN(cuda::LaunchMoeRoute(rp, stream));
   const float* shared = nullptr;
-  if (UseMoeGemv(l, rows)) {
-    // Small batches (and every batch in the batch-invariant mode): the
-    // routed experts as matrix-vector products on the device, no host trip.
+  if (const MoePath path = DeviceMoePath(l, rows); path != MoePath::kHost) {
+    // The routed experts on the device, no host trip: matrix-vector
+    // products for small steps (and every step in the batch-invariant
+    // mode), tensor-core products for larger ones.
     if (c.n_shared_experts > 0) {
       RETURN_IF_ERROR(Reserve<float>(s.shared_out, int64_t{rows} * H));
       RETURN_IF_ERROR(RunMlp(d.shared, rows, x, s.shared_out.as<float>()));
@@ -375,7 +381,7 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
     mp.list = s.moe_idx.as<int>() + 2 * (E + 1);
     mp.act = s.moe_in.as<float>();
     mp.y = s.expert_out.as<float>();
-    STRATA_CUDA_RETURN(cuda::LaunchMoeGemv(mp, stream));
+    STRATA_CUDA_RETURN(path == MoePath::kGemv ? cuda::LaunchMoeGemv(mp, stream) : cuda::LaunchMoeGemm(mp, stream));
     if (opt.profile_layers) {
       std::vector<int> offsets(E + 1);
       STRATA_CUDA_RETURN(cudaMemcpyAsync(offsets.data(), mp.offsets, offsets.size() * sizeof(int),
