@@ -85,11 +85,14 @@ __device__ __forceinline__ void LoadX8(const float* x, float (&v)[8]) {
 // of x, act = silu(gate) * up. Otherwise: output r of y from row r of down
 // against the entry's act. Each lane sums over its chunks of 8 columns (lane,
 // lane + 32, ...) in order, then a fixed butterfly over the warp.
+// Experts with more than max_count entries are left to the tensor-core
+// kernels.
 template <bool kGateUp, typename W>
-__global__ void __launch_bounds__(kThreads) MoeGemvKernel(MoeGemvParams p) {
+__global__ void __launch_bounds__(kThreads) MoeGemvKernel(MoeGemvParams p, int max_count) {
   if (static_cast<int>(blockIdx.y) >= p.used[0]) return;
   const int e = p.used[1 + blockIdx.y];
   const int begin = p.offsets[e], end = p.offsets[e + 1];
+  if (end - begin > max_count) return;
   constexpr int kRows = kGateUp ? 2 : 1;
   const int K = kGateUp ? p.hidden : p.inter;
   const int N = kGateUp ? p.inter : p.hidden;
@@ -158,13 +161,11 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(MoeGemvParams p) {
 }
 
 // The grid's y covers the experts that can be used: rows * k at most.
-template <typename W>
-cudaError_t LaunchProducts(const MoeGemvParams& p, cudaStream_t stream) {
+template <bool kGateUp, typename W>
+cudaError_t LaunchGemv(const MoeGemvParams& p, int max_count, cudaStream_t stream) {
   const int slots = std::min(p.experts, p.rows * p.k);
-  MoeGemvKernel<true, W><<<dim3((p.inter + kOutPerBlock - 1) / kOutPerBlock, slots), kThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  MoeGemvKernel<false, W><<<dim3((p.hidden + kOutPerBlock - 1) / kOutPerBlock, slots), kThreads, 0, stream>>>(p);
+  const int n = kGateUp ? p.inter : p.hidden;
+  MoeGemvKernel<kGateUp, W><<<dim3((n + kOutPerBlock - 1) / kOutPerBlock, slots), kThreads, 0, stream>>>(p, max_count);
   return cudaGetLastError();
 }
 
@@ -194,12 +195,15 @@ __device__ __forceinline__ uint32_t PackBf16(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Experts with fewer than min_count entries are left to the matrix-vector
+// kernels.
 template <bool kGateUp>
-__global__ void __launch_bounds__(kMmaThreads, 2) MoeMmaKernel(MoeGemvParams p) {
+__global__ void __launch_bounds__(kMmaThreads, 2) MoeMmaKernel(MoeGemvParams p, int min_count) {
   extern __shared__ float red[];  // [warp][mt][nt][4][lane]
   if (static_cast<int>(blockIdx.y) >= p.used[0]) return;
   const int e = p.used[1 + blockIdx.y];
   const int begin = p.offsets[e], end = p.offsets[e + 1];
+  if (end - begin < min_count) return;
   const int K = kGateUp ? p.hidden : p.inter;
   const int N = kGateUp ? p.inter : p.hidden;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(kGateUp ? p.gate_up[e] : p.down[e]);
@@ -322,10 +326,16 @@ cudaError_t LaunchMoeGemm(const MoeGemvParams& p, cudaStream_t stream) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  MoeMmaKernel<true><<<dim3(p.inter / 32, slots), kMmaThreads, smem, stream>>>(p);
+  // Experts with at most kGroup entries read their weights once in the
+  // matrix-vector kernels too, which run closer to the bandwidth there.
+  err = LaunchGemv<true, __nv_bfloat16>(p, kGroup, stream);
+  if (err != cudaSuccess) return err;
+  MoeMmaKernel<true><<<dim3(p.inter / 32, slots), kMmaThreads, smem, stream>>>(p, kGroup + 1);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  MoeMmaKernel<false><<<dim3(p.hidden / 64, slots), kMmaThreads, smem, stream>>>(p);
+  err = LaunchGemv<false, __nv_bfloat16>(p, kGroup, stream);
+  if (err != cudaSuccess) return err;
+  MoeMmaKernel<false><<<dim3(p.hidden / 64, slots), kMmaThreads, smem, stream>>>(p, kGroup + 1);
   return cudaGetLastError();
 }
 
@@ -336,9 +346,15 @@ cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   MoeListKernel<<<1, kListThreads, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return p.type == GemmType::kBF16 ? LaunchProducts<__nv_bfloat16>(p, stream) : LaunchProducts<float>(p, stream);
+  constexpr int kAll = 1 << 30;
+  if (p.type == GemmType::kBF16) {
+    err = LaunchGemv<true, __nv_bfloat16>(p, kAll, stream);
+    return err != cudaSuccess ? err : LaunchGemv<false, __nv_bfloat16>(p, kAll, stream);
+  }
+  err = LaunchGemv<true, float>(p, kAll, stream);
+  return err != cudaSuccess ? err : LaunchGemv<false, float>(p, kAll, stream);
 }
 
 }  // namespace strata::cuda

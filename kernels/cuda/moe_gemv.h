@@ -11,9 +11,9 @@
 // expert's weight rows (a grid over the used experts only: rows * k of them
 // at most) — as matrix-vector kernels (LaunchMoeGemv: every weight row read
 // once per group of up to four entries, f32 activations) or on tensor cores
-// (LaunchMoeGemm: once per 32 entries, bf16 activations). Each entry's dot
-// products run in a fixed order whatever else is in the batch (batch
-// invariant). Entries whose id is out of range get y = 0.
+// (LaunchMoeGemm: experts with more than four entries once per 32 entries,
+// bf16 activations). With LaunchMoeGemv each entry's dot products run in a
+// fixed order whatever else is in the batch (batch invariant). Entries whose id is out of range get y = 0.
 #ifndef STRATA_KERNELS_CUDA_MOE_GEMV_H_
 #define STRATA_KERNELS_CUDA_MOE_GEMV_H_
 
@@ -46,12 +46,15 @@ inline constexpr int kMoeGemvMaxEntries = 4096;
 // experts <= 1024.
 cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream);
 
-// The same products for larger steps, on tensor cores (mma.sync, bf16
-// operands: x and act are rounded to bf16 as a cuBLASLt bf16 GEMM would,
-// f32 accumulation): an expert's entries are taken 32 at a time, so each
-// weight row is read once per 32 entries instead of once per four. An
-// entry's bits still do not depend on the others (an mma's columns are
-// independent). bf16 weights only.
+// The same products for larger steps: experts with more than four entries
+// on tensor cores (mma.sync, bf16 operands: x and act are rounded to bf16 as
+// a cuBLASLt bf16 GEMM would, f32 accumulation), their entries taken 32 at a
+// time, so each weight row is read once per 32 entries instead of once per
+// four; experts with at most four entries by the matrix-vector kernels,
+// which read their weights once too and run closer to the bandwidth. An
+// entry's bits depend on its own values and on which of the two kernels its
+// expert got (more than four entries in the step or not), nothing else.
+// bf16 weights only.
 // REQUIRES: hidden % 256 == 0, inter % 256 == 0, rows * k <=
 // kMoeGemvMaxEntries, experts <= 1024 (else cudaErrorInvalidValue).
 cudaError_t LaunchMoeGemm(const MoeGemvParams& p, cudaStream_t stream);
