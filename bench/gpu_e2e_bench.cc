@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/copy_bandwidth.h"
 #include "model/config.h"
 #include "model/gpu/gpu_engine.h"
 
@@ -29,30 +30,6 @@ namespace {
 // directories strata up --synthetic-weights serves (config.json only).
 constexpr const char* kV3Dir = "bench/synthetic/deepseek-v3-3l";
 constexpr const char* kV32Dir = "bench/synthetic/deepseek-v32-3l";
-
-// Device-to-device copy bandwidth (read + write bytes / time), 1 GiB.
-double CopyBandwidth() {
-  const size_t n = size_t{1} << 30;
-  void *a, *b;
-  if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < 12; ++i) {
-    cudaEventRecord(e0);
-    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float t;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * n / (ms[ms.size() / 2] * 1e-3);
-}
 
 }  // namespace
 
@@ -64,7 +41,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const strata::ModelConfig& c = *config;
-  const double bw = CopyBandwidth();
+  const double bw = strata::bench::CopyBandwidth();
   std::printf("model: %s dims, %d layers (layer 0 dense MLP, then MoE), bf16 weights, fp8 KV\n",
               dsa ? "DeepSeek-V3.2 (DSA top-2048)" : "DeepSeek-V3", c.num_layers);
   std::printf("measured copy bandwidth: %.2f TB/s\n", bw / 1e12);

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/copy_bandwidth.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layer_ops.h"
 #include "kernels/cuda/moe_gemv.h"
@@ -33,29 +34,6 @@ using strata::cuda::GemmType;
   } while (0)
 
 constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
-
-double CopyBandwidth() {
-  const size_t n = size_t{1} << 30;
-  void *a, *b;
-  if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < 10; ++i) {
-    cudaEventRecord(e0);
-    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float t;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * n / (ms[ms.size() / 2] * 1e-3);
-}
 
 // Median device time of `run` over 9 calls after 2 warm-ups, in µs.
 template <typename F>
@@ -82,7 +60,7 @@ double TimeUs(F&& run) {
 }  // namespace
 
 int main() {
-  const double bw = CopyBandwidth();
+  const double bw = strata::bench::CopyBandwidth();
   std::printf("measured copy bandwidth: %.2f TB/s\n", bw / 1e12);
   const size_t gu = size_t{2} * kInter * kHidden, dn = size_t{kHidden} * kInter;  // elements per expert
   void *w_gate_up, *w_down;
