@@ -66,8 +66,8 @@ __device__ __forceinline__ bool Kept(const Row& r, int i, uint32_t key, uint64_t
 }
 
 // Calls fn(i, clean logit) for this thread's tokens i = tid, tid + 1024, ...
-// Loads go kUnroll at a time: a row is read a dozen times from L2, and one
-// load in flight per thread would starve the SM.
+// with kUnroll loads in flight (a draw reads its row about twenty times,
+// mostly from L2).
 template <typename Fn>
 __device__ __forceinline__ void ForStrided(const Row& r, Fn&& fn) {
   for (int base = 0; base < r.n; base += kThreads * kUnroll) {
