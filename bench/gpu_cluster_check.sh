@@ -87,7 +87,9 @@ start cpu --workers 2 --kv-dir "$WORK/kv-cpu" || exit 1
 CPU_TEXT=$(gen "$ADDR" --prompt "$PROMPT" --session s)
 CPU_MORE=$(gen "$ADDR" --prompt " A dictionary" --session s)
 SAMPLED=(--prompt "$PROMPT" --temperature 0.8 --top-p 0.9 --top-k 50 --seed 7)
+PENALISED=(--repetition-penalty 1.3 --presence-penalty 0.5)
 CPU_SAMPLED=$(sample "$ADDR" "${SAMPLED[@]}")
+CPU_PENALISED=$(sample "$ADDR" "${SAMPLED[@]}" "${PENALISED[@]}")
 stop
 
 # f32 GEMMs (the test mode) must reproduce the CPU cluster's greedy text.
@@ -106,6 +108,8 @@ echo "cpu sampled (seed 7):     $CPU_SAMPLED"
 echo "gpu f32 sampled (seed 7): $F32_SAMPLED"
 check "GPU workers (f32 GEMMs) sample the CPU cluster's seeded text on the device" \
   "$([ -n "$CPU_SAMPLED" ] && [ "$CPU_SAMPLED" = "$F32_SAMPLED" ]; echo $?)"
+F32_PENALISED=$(sample "$ADDR" "${SAMPLED[@]}" "${PENALISED[@]}")
+check "... and with penalties" "$([ -n "$CPU_PENALISED" ] && [ "$CPU_PENALISED" = "$F32_PENALISED" ]; echo $?)"
 stop
 
 # bf16 (production): a session saved on 2 workers and continued on 3 after
@@ -118,17 +122,20 @@ TWIN_TEXT=$(gen "$ADDR" --prompt "$PROMPT" --session twin)
 TWIN_MORE=$(gen "$ADDR" --prompt " A dictionary" --session twin)
 echo "gpu bf16:  $GPU_TEXT"
 check "bf16 GPU generation is deterministic" "$([ "$GPU_TEXT" = "$TWIN_TEXT" ]; echo $?)"
-# Greedy and sampled tokens are chosen on the device, requests with
-# penalties (or logprobs) from the logits on the host: either way a seeded
-# request must replay exactly.
+# Greedy, sampled and penalised requests are chosen on the device, requests
+# with logprobs from the logits on the host: either way a seeded request must
+# replay exactly.
 S1=$(sample "$ADDR" "${SAMPLED[@]}")
 S2=$(sample "$ADDR" "${SAMPLED[@]}")
 echo "gpu bf16 sampled (seed 7): $S1"
 check "seeded sampling on GPU workers replays exactly" "$([ -n "$S1" ] && [ "$S1" = "$S2" ]; echo $?)"
-P1=$(sample "$ADDR" "${SAMPLED[@]}" --repetition-penalty 1.3)
-P2=$(sample "$ADDR" "${SAMPLED[@]}" --repetition-penalty 1.3)
-echo "gpu bf16 sampled with a penalty (host): $P1"
-check "seeded sampling with a penalty (host path) replays exactly" "$([ -n "$P1" ] && [ "$P1" = "$P2" ]; echo $?)"
+P1=$(sample "$ADDR" "${SAMPLED[@]}" "${PENALISED[@]}")
+P2=$(sample "$ADDR" "${SAMPLED[@]}" "${PENALISED[@]}")
+echo "gpu bf16 sampled with penalties (device): $P1"
+check "seeded sampling with penalties replays exactly" "$([ -n "$P1" ] && [ "$P1" = "$P2" ]; echo $?)"
+L1=$(sample "$ADDR" "${SAMPLED[@]}" --logprobs 2)
+L2=$(sample "$ADDR" "${SAMPLED[@]}" --logprobs 2)
+check "seeded sampling with logprobs (host path) replays exactly" "$([ -n "$L1" ] && [ "$L1" = "$L2" ]; echo $?)"
 "$STRATA" session save s --server "$ADDR" > /dev/null 2>&1
 check "session saved" $?
 stop

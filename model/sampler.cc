@@ -437,8 +437,20 @@ void Sampler::ConsumeDraw() { NextDraw(); }
 
 SampleDraw Sampler::NextDraw() {
   ++num_samples_;
-  const double u = UniformFromBits(rng_());
-  return SampleDraw{params_.temperature, params_.top_k, params_.top_p, params_.min_p, u};
+  SampleDraw d;
+  d.temperature = params_.temperature;
+  d.top_k = params_.top_k;
+  d.top_p = params_.top_p;
+  d.min_p = params_.min_p;
+  d.u = UniformFromBits(rng_());
+  d.repetition_penalty = params_.repetition_penalty;
+  d.frequency_penalty = params_.frequency_penalty;
+  d.presence_penalty = params_.presence_penalty;
+  d.counts.reserve(counts_.size());
+  for (const auto& [token, c] : counts_) d.counts.push_back({token, c.prompt, c.output});
+  std::sort(d.counts.begin(), d.counts.end(),
+            [](const PenaltyCount& a, const PenaltyCount& b) { return a.token < b.token; });
+  return d;
 }
 
 std::vector<double> Sampler::Probabilities(

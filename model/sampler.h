@@ -154,15 +154,28 @@ TokenStop CheckTokenStop(const SamplingParams& params,
                          absl::Span<const int> eos_token_ids, int token,
                          int num_generated);
 
+// A token a request's penalties apply to: its prompt occurrences (they feed
+// the repetition penalty only) and how many times it was generated.
+struct PenaltyCount {
+  int token = 0;
+  int prompt = 0;
+  int output = 0;
+};
+
 // One draw made elsewhere (a GPU worker's device sampler,
-// kernels/cuda/sampling.h): the request's truncation parameters and the
-// uniform number in [0, 1) its Sample() call would have used.
+// kernels/cuda/sampling.h): the request's penalties and truncation
+// parameters and the uniform number in [0, 1) its Sample() call would have
+// used.
 struct SampleDraw {
   float temperature = 1.0f;
   int top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
   double u = 0.0;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::vector<PenaltyCount> counts;  // by token id; empty when no penalty is on
 };
 
 class Sampler {
@@ -182,20 +195,18 @@ class Sampler {
   // Greedy with no penalties and no logprobs: the token is the argmax of the
   // raw logits, so it can be chosen elsewhere (a GPU worker's device argmax)
   // and reported with ConsumeDraw().
-  bool plain_greedy() const { return greedy() && device_sampleable(); }
-  // No penalties and no logprobs: the token depends on the logits and the
+  bool plain_greedy() const { return greedy() && !track_counts_ && !params_.logprobs.has_value(); }
+  // No logprobs: the token depends on the logits, the penalty counts and the
   // draw alone, so it can be chosen elsewhere (a GPU worker's device
-  // sampler, kernels/cuda/sampling.h) with the draw from NextDraw().
-  bool device_sampleable() const {
-    return params_.repetition_penalty == 1.0f && params_.frequency_penalty == 0.0f &&
-           params_.presence_penalty == 0.0f && !params_.logprobs.has_value();
-  }
+  // sampler, kernels/cuda/sampling.h) with what NextDraw() returns.
+  bool device_sampleable() const { return !params_.logprobs.has_value(); }
   // Advances the generator exactly as one Sample() call does, for a token a
   // plain_greedy() sampler did not choose itself: the stream stays where
   // Sample() would have left it.
   void ConsumeDraw();
   // The same, returning what a device sampler needs to draw this token as
-  // Sample() would: the truncation parameters and the uniform draw.
+  // Sample() would: the penalties with the counts observed so far, the
+  // truncation parameters and the uniform draw.
   SampleDraw NextDraw();
   // Number of Sample() calls so far (= generator outputs used).
   int64_t num_samples() const { return num_samples_; }

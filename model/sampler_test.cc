@@ -611,21 +611,46 @@ TEST(SamplerTest, NextDrawCarriesTheDrawSampleUses) {
   EXPECT_EQ(b->num_samples(), 50);
 }
 
-TEST(SamplerTest, DeviceSampleableMeansNoPenaltiesAndNoLogprobs) {
+TEST(SamplerTest, DeviceSampleableMeansNoLogprobs) {
   SamplingParams p;
   p.temperature = 0.7f;
   p.top_k = 40;
   p.top_p = 0.9f;
   p.min_p = 0.05f;
+  p.repetition_penalty = 1.2f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = -0.5f;
   EXPECT_TRUE(MakeSampler(p, 10)->device_sampleable());
-  for (int field = 0; field < 4; ++field) {
-    SamplingParams q = p;
-    if (field == 0) q.repetition_penalty = 1.2f;
-    if (field == 1) q.frequency_penalty = 0.5f;
-    if (field == 2) q.presence_penalty = -0.5f;
-    if (field == 3) q.logprobs = 2;
-    EXPECT_FALSE(MakeSampler(q, 10)->device_sampleable()) << "field " << field;
-  }
+  p.logprobs = 2;
+  EXPECT_FALSE(MakeSampler(p, 10)->device_sampleable());
+}
+
+TEST(SamplerTest, NextDrawCarriesThePenaltiesAndTheirCounts) {
+  SamplingParams p;
+  p.seed = 5;
+  p.repetition_penalty = 1.5f;
+  p.frequency_penalty = 0.25f;
+  p.presence_penalty = -0.5f;
+  auto s = MakeSampler(p, 10);
+  s->ObservePrompt(std::vector<int>{7, 3, 7});
+  s->Observe(3, /*is_prompt=*/false);
+  s->Observe(9, /*is_prompt=*/false);
+  s->Observe(9, /*is_prompt=*/false);
+  const SampleDraw d = s->NextDraw();
+  EXPECT_EQ(d.repetition_penalty, 1.5f);
+  EXPECT_EQ(d.frequency_penalty, 0.25f);
+  EXPECT_EQ(d.presence_penalty, -0.5f);
+  ASSERT_EQ(d.counts.size(), 3u);  // by token id
+  EXPECT_EQ(d.counts[0].token, 3);
+  EXPECT_EQ(d.counts[0].prompt, 1);
+  EXPECT_EQ(d.counts[0].output, 1);
+  EXPECT_EQ(d.counts[1].token, 7);
+  EXPECT_EQ(d.counts[1].prompt, 2);
+  EXPECT_EQ(d.counts[1].output, 0);
+  EXPECT_EQ(d.counts[2].token, 9);
+  EXPECT_EQ(d.counts[2].prompt, 0);
+  EXPECT_EQ(d.counts[2].output, 2);
+  EXPECT_TRUE(MakeSampler(SamplingParams{}, 10)->NextDraw().counts.empty());
 }
 
 TEST(SamplerTest, PlainGreedyMeansTheArgmaxOfRawLogits) {

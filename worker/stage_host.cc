@@ -305,8 +305,8 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
 
   // Last stage: sample one token for every chunk that asks for it. On a GPU,
   // plain greedy rows take the device's argmax and the other requests
-  // without penalties or logprobs the device sampler (only the ids come
-  // back); the rest get their logits rows.
+  // without logprobs the device sampler, penalties included (only the ids
+  // come back); the rest get their logits rows.
   enum Where { kArgmax, kDeviceDraw, kHost };
   std::vector<float> rows_of[3];
   std::vector<SampleDraw> draws;

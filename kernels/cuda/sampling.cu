@@ -264,6 +264,22 @@ __device__ int IdOrderDraw(const Row& r, uint64_t target, Smem& sm) {
   return sm.id;
 }
 
+// The Sampler's penalties on the row's listed tokens (each listed once), in
+// place: repetition for every listed token, frequency and presence for the
+// generated ones.
+__global__ void ApplyPenaltiesKernel(const SampleParams p) {
+  const SampleRow rp = p.row[blockIdx.x];
+  float* x = p.logits + static_cast<int64_t>(blockIdx.x) * p.ld;
+  for (int j = threadIdx.x; j < rp.penalty_count; j += blockDim.x) {
+    const PenaltyEntry e = p.penalties[rp.penalty_begin + j];
+    if (e.token < 0 || e.token >= p.vocab) continue;
+    float v = x[e.token];
+    if (rp.repetition != 1.0f) v = v > 0.0f ? v / rp.repetition : v * rp.repetition;
+    if (e.output > 0) v -= rp.frequency * static_cast<float>(e.output) + rp.presence;
+    x[e.token] = v;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const SampleParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
@@ -351,6 +367,11 @@ cudaError_t LaunchSampleRows(const SampleParams& p, cudaStream_t stream) {
   const int smem = static_cast<int>(sizeof(Smem));
   cudaError_t err = cudaFuncSetAttribute(SampleRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  if (p.penalties != nullptr) {
+    ApplyPenaltiesKernel<<<p.rows, 128, 0, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   SampleRowsKernel<<<p.rows, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,8 +1,9 @@
 // Sampling on the device: one token per logits row with the rules of
-// model/sampler.h except the penalties and logprobs (those rows stay on the
-// host):
+// model/sampler.h except logprobs (those rows stay on the host):
 //
-//   temperature (0 = greedy: argmax, ties to the lowest id)
+//   penalties (repetition, frequency, presence; applied to the listed
+//   tokens of the row, in place)
+//     -> temperature (0 = greedy: argmax, ties to the lowest id)
 //     -> top-k -> top-p -> min-p -> draw
 //
 // NaN logits count as -inf; +inf logits, when present, share the draw
@@ -40,14 +41,27 @@ struct SampleRow {
   float top_p = 1.0f;        // (0, 1]; 1 = off
   float min_p = 0.0f;        // [0, 1]; 0 = off
   double u = 0.0;            // the draw, in [0, 1)
+  float repetition = 1.0f;   // penalties, as SamplingParams
+  float frequency = 0.0f;
+  float presence = 0.0f;
+  int penalty_begin = 0;     // the row's entries in SampleParams::penalties
+  int penalty_count = 0;
+};
+
+// A token of a row the penalties apply to (Sampler's counts).
+struct PenaltyEntry {
+  int token;
+  int prompt;  // occurrences in the prompt
+  int output;  // times generated
 };
 
 struct SampleParams {
-  const float* logits = nullptr;  // [rows][ld]
+  float* logits = nullptr;        // [rows][ld]; penalised in place
   int64_t ld = 0;
   int rows = 0;
   int vocab = 0;                  // 1 .. kSampleMaxVocab
   const SampleRow* row = nullptr; // device, [rows]
+  const PenaltyEntry* penalties = nullptr;  // device; null when no row has any
   int* tokens = nullptr;          // device, [rows]
 };
 
@@ -55,6 +69,7 @@ struct SampleParams {
 inline constexpr int kSampleMaxVocab = 1 << 22;
 
 // cudaErrorInvalidValue for a vocabulary outside 1 .. kSampleMaxVocab.
+// Penalty entries with a token outside the vocabulary are ignored.
 cudaError_t LaunchSampleRows(const SampleParams& p, cudaStream_t stream);
 
 }  // namespace strata::cuda

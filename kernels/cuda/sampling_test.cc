@@ -1,7 +1,8 @@
 // The device sampler against the host Sampler (model/sampler.h), which is
 // its reference: fresh random logits (plain, heavily tied, with NaN and
 // infinities), every combination of temperature, top-k, top-p and min-p,
-// the same seeded draw on both sides. The tokens must be equal, except where
+// with and without penalties (a random prompt, outputs among the largest
+// logits), the same seeded draw on both sides. The tokens must be equal, except where
 // the draw lands within 1e-6 of a boundary between two tokens' cumulative
 // shares (the device uses float weights in 2^-40 fixed point, the host
 // float64): those are counted, and must stay rare.
@@ -29,32 +30,46 @@ using testing::Rng;
 struct Case {
   SamplingParams params;
   std::vector<float> logits;
+  std::vector<int> prompt, output;  // tokens the request observed (penalties)
+  SampleDraw draw;                  // what NextDraw() hands the device
 };
+
+// The Sampler's penalised logits (float64; NaN as -inf).
+std::vector<double> Penalised(const Case& c) {
+  std::vector<double> z(c.logits.begin(), c.logits.end());
+  for (const PenaltyCount& e : c.draw.counts) {
+    double& v = z[e.token];
+    if (c.draw.repetition_penalty != 1.0f) v = v > 0 ? v / c.draw.repetition_penalty : v * c.draw.repetition_penalty;
+    if (e.output > 0) v -= double{c.draw.frequency_penalty} * e.output + c.draw.presence_penalty;
+  }
+  for (double& v : z) v = std::isnan(v) ? -INFINITY : v;
+  return z;
+}
+
+// A sampler with the case's parameters that has observed its tokens.
+std::unique_ptr<Sampler> MakeSampler(const Case& c) {
+  auto s = Sampler::Create(c.params, static_cast<int>(c.logits.size()));
+  EXPECT_TRUE(s.ok());
+  (*s)->ObservePrompt(c.prompt);
+  for (int t : c.output) (*s)->Observe(t, /*is_prompt=*/false);
+  return std::move(*s);
+}
 
 // Distance from u to the nearest boundary of the host Sampler's walk: the
 // cumulative probabilities of the kept tokens in the order it walks them
 // (ranking order once top-k or top-p applied, else id order).
 double BoundaryDistance(const Case& c, double u) {
-  auto s = Sampler::Create(c.params, static_cast<int>(c.logits.size()));
-  const std::vector<double> probs = (*s)->Probabilities(c.logits);
+  const std::vector<double> probs = MakeSampler(c)->Probabilities(c.logits);
+  const std::vector<double> z = Penalised(c);
   double m = -INFINITY;
-  for (float v : c.logits) m = std::max(m, std::isnan(v) ? -INFINITY : static_cast<double>(v));
+  for (double v : z) m = std::max(m, v);
   int positive = 0;
-  for (float v : c.logits) {
-    const double z = std::isnan(v) ? -INFINITY : v;
-    positive += (m == INFINITY ? z == INFINITY : std::exp((z - m) / c.params.temperature) > 0);
-  }
+  for (double v : z) positive += (m == INFINITY ? v == INFINITY : std::exp((v - m) / c.params.temperature) > 0);
   const bool ranked = (c.params.top_k > 0 && c.params.top_k < positive) || c.params.top_p < 1.0f;
   std::vector<int> order;
   for (int i = 0; i < static_cast<int>(probs.size()); ++i)
     if (probs[i] > 0) order.push_back(i);
-  if (ranked) {
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      const float x = std::isnan(c.logits[a]) ? -INFINITY : c.logits[a];
-      const float y = std::isnan(c.logits[b]) ? -INFINITY : c.logits[b];
-      return x > y;
-    });
-  }
+  if (ranked) std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
   double cum = 0, best = std::fabs(u);
   for (int i : order) {
     cum += probs[i];
@@ -83,18 +98,23 @@ std::vector<float> MakeLogits(int kind, int n, Rng& rng) {
 }
 
 // Runs the cases on the device with the given draws.
-std::vector<int> DeviceTokens(const std::vector<Case>& cases, const std::vector<double>& u) {
+std::vector<int> DeviceTokens(const std::vector<Case>& cases) {
   const int rows = static_cast<int>(cases.size()), n = static_cast<int>(cases[0].logits.size());
   std::vector<float> logits(static_cast<size_t>(rows) * n);
   std::vector<SampleRow> rp(rows);
+  std::vector<PenaltyEntry> pen;
   for (int r = 0; r < rows; ++r) {
     std::copy(cases[r].logits.begin(), cases[r].logits.end(), logits.begin() + static_cast<size_t>(r) * n);
-    const SamplingParams& p = cases[r].params;
-    rp[r] = SampleRow{p.temperature, p.top_k, p.top_p, p.min_p, u[r]};
+    const SampleDraw& d = cases[r].draw;
+    rp[r] = SampleRow{d.temperature, d.top_k, d.top_p, d.min_p, d.u, d.repetition_penalty, d.frequency_penalty,
+                      d.presence_penalty, static_cast<int>(pen.size()), static_cast<int>(d.counts.size())};
+    for (const PenaltyCount& c : d.counts) pen.push_back({c.token, c.prompt, c.output});
   }
-  DeviceBuffer d_logits(logits.size() * 4), d_rows(rp.size() * sizeof(SampleRow)), d_tokens(rows * 4);
+  DeviceBuffer d_logits(logits.size() * 4), d_rows(rp.size() * sizeof(SampleRow)), d_tokens(rows * 4),
+      d_pen(std::max<size_t>(1, pen.size()) * sizeof(PenaltyEntry));
   d_logits.Upload(logits.data(), logits.size() * 4);
   d_rows.Upload(rp.data(), rp.size() * sizeof(SampleRow));
+  if (!pen.empty()) d_pen.Upload(pen.data(), pen.size() * sizeof(PenaltyEntry));
   d_tokens.Poison();
   SampleParams p;
   p.logits = d_logits.as<float>();
@@ -102,6 +122,7 @@ std::vector<int> DeviceTokens(const std::vector<Case>& cases, const std::vector<
   p.rows = rows;
   p.vocab = n;
   p.row = d_rows.as<SampleRow>();
+  p.penalties = pen.empty() ? nullptr : d_pen.as<PenaltyEntry>();
   p.tokens = d_tokens.as<int>();
   EXPECT_EQ(LaunchSampleRows(p, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -115,43 +136,57 @@ void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
   std::printf("vocab %d, seed %llu\n", vocab, static_cast<unsigned long long>(seed));
   Rng rng(seed);
   std::vector<Case> cases;
-  std::vector<double> u;
   std::vector<int> want;
   for (int kind : kinds) {
     const std::vector<float> x = MakeLogits(kind, vocab, rng);
+    // Penalised requests observe a random prompt and outputs half of which
+    // are among the 30 largest logits, where the penalties change the draw.
+    std::vector<int> top(vocab);
+    for (int i = 0; i < vocab; ++i) top[i] = i;
+    std::partial_sort(top.begin(), top.begin() + 30, top.end(), [&](int a, int b) {
+      const float xa = std::isnan(x[a]) ? -INFINITY : x[a], xb = std::isnan(x[b]) ? -INFINITY : x[b];
+      return xa > xb;
+    });
     for (float t : {0.0f, 0.3f, 1.0f, 1.7f}) {
       for (int k : {0, 1, 7, 100}) {
         for (float top_p : {1.0f, 0.9f, 0.3f}) {
           for (float min_p : {0.0f, 0.1f}) {
-            for (int d = 0; d < draws; ++d) {
-              Case c;
-              c.params.temperature = t;
-              c.params.top_k = k;
-              c.params.top_p = top_p;
-              c.params.min_p = min_p;
-              c.params.seed = rng.Next();
-              c.logits = x;
-              auto host = Sampler::Create(c.params, vocab);
-              auto draw = Sampler::Create(c.params, vocab);
-              ASSERT_TRUE(host.ok() && draw.ok());
-              u.push_back((*draw)->NextDraw().u);
-              want.push_back((*host)->Sample(c.logits));
-              cases.push_back(std::move(c));
+            for (bool penalised : {false, true}) {
+              for (int d = 0; d < draws; ++d) {
+                Case c;
+                c.params.temperature = t;
+                c.params.top_k = k;
+                c.params.top_p = top_p;
+                c.params.min_p = min_p;
+                c.params.seed = rng.Next();
+                if (penalised) {
+                  c.params.repetition_penalty = 1.3f;
+                  c.params.frequency_penalty = 0.5f;
+                  c.params.presence_penalty = -0.4f;
+                  for (int i = 0; i < 40; ++i) c.prompt.push_back(static_cast<int>(rng.Below(vocab)));
+                  for (int i = 0; i < 24; ++i)
+                    c.output.push_back(i % 2 ? top[rng.Below(30)] : static_cast<int>(rng.Below(vocab)));
+                }
+                c.logits = x;
+                c.draw = MakeSampler(c)->NextDraw();
+                want.push_back(MakeSampler(c)->Sample(c.logits));
+                cases.push_back(std::move(c));
+              }
             }
           }
         }
       }
     }
   }
-  const std::vector<int> got = DeviceTokens(cases, u);
-  EXPECT_EQ(DeviceTokens(cases, u), got) << "not deterministic";
+  const std::vector<int> got = DeviceTokens(cases);
+  EXPECT_EQ(DeviceTokens(cases), got) << "not deterministic";
   int near = 0, compared = 0;
   for (size_t r = 0; r < cases.size(); ++r) {
     if (got[r] == want[r]) {
       ++compared;
       continue;
     }
-    const double dist = cases[r].params.temperature == 0.0f ? INFINITY : BoundaryDistance(cases[r], u[r]);
+    const double dist = cases[r].params.temperature == 0.0f ? INFINITY : BoundaryDistance(cases[r], cases[r].draw.u);
     if (dist < 1e-6) {
       ++near;
       continue;
@@ -159,7 +194,8 @@ void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
     ++compared;
     const SamplingParams& p = cases[r].params;
     ADD_FAILURE() << "row " << r << " (T " << p.temperature << ", top_k " << p.top_k << ", top_p " << p.top_p
-                  << ", min_p " << p.min_p << ", u " << u[r] << "): device token " << got[r] << ", host token "
+                  << ", min_p " << p.min_p << ", penalties " << !cases[r].draw.counts.empty() << ", u "
+                  << cases[r].draw.u << "): device token " << got[r] << ", host token "
                   << want[r] << ", draw " << dist << " from a boundary; seed " << seed;
   }
   std::printf("%d rows agree or differ, %d within 1e-6 of a boundary (skipped)\n", compared, near);

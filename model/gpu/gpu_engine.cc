@@ -403,16 +403,36 @@ absl::Status GpuEngine::SampleTokens(const float* hidden, absl::Span<const Sampl
   RETURN_IF_ERROR(DeviceLogits(hidden, rows, "SampleTokens"));
   Impl& im = *impl_;
   std::vector<cuda::SampleRow> host(rows);
+  std::vector<cuda::PenaltyEntry> penalties;
   for (int r = 0; r < rows; ++r) {
     const SampleDraw& d = draws[r];
-    host[r] = cuda::SampleRow{d.temperature, d.top_k, d.top_p, d.min_p, d.u};
+    cuda::SampleRow& h = host[r];
+    h.temperature = d.temperature;
+    h.top_k = d.top_k;
+    h.top_p = d.top_p;
+    h.min_p = d.min_p;
+    h.u = d.u;
+    h.repetition = d.repetition_penalty;
+    h.frequency = d.frequency_penalty;
+    h.presence = d.presence_penalty;
+    h.penalty_begin = static_cast<int>(penalties.size());
+    h.penalty_count = static_cast<int>(d.counts.size());
+    for (const PenaltyCount& c : d.counts) penalties.push_back({c.token, c.prompt, c.output});
   }
   const size_t row_bytes = host.size() * sizeof(cuda::SampleRow);
-  RETURN_IF_ERROR(im.s.sample_rows.Reserve(row_bytes));
+  const size_t penalty_bytes = penalties.size() * sizeof(cuda::PenaltyEntry);
+  RETURN_IF_ERROR(im.s.sample_rows.Reserve(row_bytes + penalty_bytes));
   RETURN_IF_ERROR(im.s.argmax.Reserve(static_cast<size_t>(rows) * sizeof(int)));
   STRATA_CUDA_RETURN(
       cudaMemcpyAsync(im.s.sample_rows.get(), host.data(), row_bytes, cudaMemcpyHostToDevice, im.stream));
+  if (penalty_bytes > 0) {
+    STRATA_CUDA_RETURN(cudaMemcpyAsync(static_cast<uint8_t*>(im.s.sample_rows.get()) + row_bytes, penalties.data(),
+                                       penalty_bytes, cudaMemcpyHostToDevice, im.stream));
+  }
   cuda::SampleParams p;
+  p.penalties = penalty_bytes > 0 ? reinterpret_cast<const cuda::PenaltyEntry*>(
+                                        static_cast<uint8_t*>(im.s.sample_rows.get()) + row_bytes)
+                                  : nullptr;
   p.logits = im.s.logits.as<float>();
   p.ld = im.c.vocab_size;
   p.rows = rows;

@@ -150,8 +150,9 @@ class GpuEngine {
   absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens);
 
   // Sampled tokens for host rows of a stage's output, one draw per row,
-  // chosen on the device with Sampler's rules except penalties and logprobs
-  // (kernels/cuda/sampling.h); only the ids come back. Last stage only.
+  // chosen on the device with Sampler's rules except logprobs (penalties
+  // from the draw's counts; kernels/cuda/sampling.h); only the ids come
+  // back. Last stage only.
   absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws, std::vector<int>* tokens);
 
   // Benchmarks: gives `seq` (empty) n_tokens of random cache rows in every

@@ -749,6 +749,7 @@ TEST(GpuEngineTest, ArgmaxRowsFollowsSamplerRules) {
 struct StagedRows {
   std::unique_ptr<GpuEngine> engine;
   std::unique_ptr<GpuSequence> seq;  // (destroyed before the engine)
+  std::vector<int> tokens;
   std::vector<float> hidden;
   int rows = 0;
 };
@@ -771,7 +772,8 @@ StagedRows RunFixtureStage(const std::string& dir, size_t n) {
   st.seq = std::move(*seq);
   std::vector<int> tokens = TokensOf((fs::path(dir) / "reference.json").string());
   tokens.resize(std::min(tokens.size(), n));
-  GpuChunk c{st.seq.get(), tokens};
+  st.tokens = tokens;
+  GpuChunk c{st.seq.get(), st.tokens};
   const absl::Status run = st.engine->RunStage({&c, 1}, &st.hidden);
   EXPECT_TRUE(run.ok()) << run;
   st.rows = run.ok() ? static_cast<int>(tokens.size()) : 0;
@@ -810,17 +812,29 @@ TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
   std::vector<float> logits;
   ASSERT_TRUE(st.engine->Logits(hidden.data(), rows, &logits).ok());
 
-  for (int top_k : {0, 5}) {
-    SCOPED_TRACE(top_k);
+  // Variants: no truncation (id-order walk), top-k 5 (ranking order), and
+  // penalties that demote each row's most likely token (the sampler's
+  // counts travel in the draw).
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    const int top_k = variant == 1 ? 5 : 0;
     std::vector<SampleDraw> draws(rows);
     std::vector<int> want(rows);
     for (int r = 0; r < rows; ++r) {
       SamplingParams sp;
       sp.top_k = top_k;
       sp.temperature = 0.8f;
+      const absl::Span<const float> row(&logits[static_cast<size_t>(r) * V], V);
+      if (variant == 2) {
+        sp.repetition_penalty = 1.2f;
+        sp.presence_penalty = 2.0f;
+      }
       auto sampler = Sampler::Create(sp, V);
       ASSERT_TRUE(sampler.ok());
-      const absl::Span<const float> row(&logits[static_cast<size_t>(r) * V], V);
+      if (variant == 2) {
+        (*sampler)->ObservePrompt(st.tokens);
+        (*sampler)->Observe(static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin()), false);
+      }
       const std::vector<double> probs = (*sampler)->Probabilities(row);
       std::vector<int> order;  // the walk: id order, or ranking order once top-k applies
       for (int i = 0; i < V; ++i)
@@ -837,7 +851,8 @@ TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
         before += probs[i];
       }
       ASSERT_GT(probs[target], 1e-4) << "row " << r;
-      draws[r] = SampleDraw{sp.temperature, sp.top_k, sp.top_p, sp.min_p, before + probs[target] / 2};
+      draws[r] = (*sampler)->NextDraw();
+      draws[r].u = before + probs[target] / 2;
       want[r] = target;
     }
     std::vector<int> got;
