@@ -122,9 +122,8 @@ TWIN_TEXT=$(gen "$ADDR" --prompt "$PROMPT" --session twin)
 TWIN_MORE=$(gen "$ADDR" --prompt " A dictionary" --session twin)
 echo "gpu bf16:  $GPU_TEXT"
 check "bf16 GPU generation is deterministic" "$([ "$GPU_TEXT" = "$TWIN_TEXT" ]; echo $?)"
-# Greedy, sampled and penalised requests are chosen on the device, requests
-# with logprobs from the logits on the host: either way a seeded request must
-# replay exactly.
+# Every token is chosen on the device (greedy, sampled, penalised, with
+# logprobs): a seeded request must replay exactly.
 S1=$(sample "$ADDR" "${SAMPLED[@]}")
 S2=$(sample "$ADDR" "${SAMPLED[@]}")
 echo "gpu bf16 sampled (seed 7): $S1"
@@ -135,7 +134,7 @@ echo "gpu bf16 sampled with penalties (device): $P1"
 check "seeded sampling with penalties replays exactly" "$([ -n "$P1" ] && [ "$P1" = "$P2" ]; echo $?)"
 L1=$(sample "$ADDR" "${SAMPLED[@]}" --logprobs 2)
 L2=$(sample "$ADDR" "${SAMPLED[@]}" --logprobs 2)
-check "seeded sampling with logprobs (host path) replays exactly" "$([ -n "$L1" ] && [ "$L1" = "$L2" ]; echo $?)"
+check "seeded sampling with logprobs replays exactly" "$([ -n "$L1" ] && [ "$L1" = "$L2" ]; echo $?)"
 "$STRATA" session save s --server "$ADDR" > /dev/null 2>&1
 check "session saved" $?
 stop

@@ -446,6 +446,7 @@ SampleDraw Sampler::NextDraw() {
   d.repetition_penalty = params_.repetition_penalty;
   d.frequency_penalty = params_.frequency_penalty;
   d.presence_penalty = params_.presence_penalty;
+  d.logprobs = params_.logprobs.value_or(-1);
   d.counts.reserve(counts_.size());
   for (const auto& [token, c] : counts_) d.counts.push_back({token, c.prompt, c.output});
   std::sort(d.counts.begin(), d.counts.end(),

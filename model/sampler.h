@@ -176,6 +176,7 @@ struct SampleDraw {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   std::vector<PenaltyCount> counts;  // by token id; empty when no penalty is on
+  int logprobs = -1;                 // alternatives to report; -1: no logprobs
 };
 
 class Sampler {
@@ -196,17 +197,14 @@ class Sampler {
   // raw logits, so it can be chosen elsewhere (a GPU worker's device argmax)
   // and reported with ConsumeDraw().
   bool plain_greedy() const { return greedy() && !track_counts_ && !params_.logprobs.has_value(); }
-  // No logprobs: the token depends on the logits, the penalty counts and the
-  // draw alone, so it can be chosen elsewhere (a GPU worker's device
-  // sampler, kernels/cuda/sampling.h) with what NextDraw() returns.
-  bool device_sampleable() const { return !params_.logprobs.has_value(); }
   // Advances the generator exactly as one Sample() call does, for a token a
   // plain_greedy() sampler did not choose itself: the stream stays where
   // Sample() would have left it.
   void ConsumeDraw();
-  // The same, returning what a device sampler needs to draw this token as
-  // Sample() would: the penalties with the counts observed so far, the
-  // truncation parameters and the uniform draw.
+  // The same, returning what a device sampler (kernels/cuda/sampling.h)
+  // needs to draw this token and report its logprobs as Sample() would: the
+  // penalties with the counts observed so far, the truncation parameters,
+  // the uniform draw and the number of alternatives.
   SampleDraw NextDraw();
   // Number of Sample() calls so far (= generator outputs used).
   int64_t num_samples() const { return num_samples_; }

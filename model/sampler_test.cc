@@ -611,20 +611,6 @@ TEST(SamplerTest, NextDrawCarriesTheDrawSampleUses) {
   EXPECT_EQ(b->num_samples(), 50);
 }
 
-TEST(SamplerTest, DeviceSampleableMeansNoLogprobs) {
-  SamplingParams p;
-  p.temperature = 0.7f;
-  p.top_k = 40;
-  p.top_p = 0.9f;
-  p.min_p = 0.05f;
-  p.repetition_penalty = 1.2f;
-  p.frequency_penalty = 0.5f;
-  p.presence_penalty = -0.5f;
-  EXPECT_TRUE(MakeSampler(p, 10)->device_sampleable());
-  p.logprobs = 2;
-  EXPECT_FALSE(MakeSampler(p, 10)->device_sampleable());
-}
-
 TEST(SamplerTest, NextDrawCarriesThePenaltiesAndTheirCounts) {
   SamplingParams p;
   p.seed = 5;
@@ -650,7 +636,11 @@ TEST(SamplerTest, NextDrawCarriesThePenaltiesAndTheirCounts) {
   EXPECT_EQ(d.counts[2].token, 9);
   EXPECT_EQ(d.counts[2].prompt, 0);
   EXPECT_EQ(d.counts[2].output, 2);
+  EXPECT_EQ(d.logprobs, -1);
   EXPECT_TRUE(MakeSampler(SamplingParams{}, 10)->NextDraw().counts.empty());
+  SamplingParams q;
+  q.logprobs = 3;
+  EXPECT_EQ(MakeSampler(q, 10)->NextDraw().logprobs, 3);
 }
 
 TEST(SamplerTest, PlainGreedyMeansTheArgmaxOfRawLogits) {

@@ -72,13 +72,12 @@ class DeviceStage {
   // Runs the layers; `hidden` as GpuEngine::RunStage. RESOURCE_EXHAUSTED
   // when the page pool is short (nothing changed).
   virtual absl::Status Run(absl::Span<const DeviceChunk> chunks, std::vector<float>* hidden) = 0;
-  virtual absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits) = 0;
   // Argmax of each row's logits, on the device (Sampler's greedy rules).
   virtual absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) = 0;
-  // One token per draw (a row of `hidden` each), sampled on the device
-  // (Sampler::device_sampleable requests; GpuEngine::SampleTokens).
+  // One token per draw (a row of `hidden` each), sampled on the device, and
+  // the logprobs of the draws that ask for them (GpuEngine::SampleTokens).
   virtual absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
-                                    std::vector<int>* tokens) = 0;
+                                    std::vector<int>* tokens, std::vector<SampleLogprobs>* logprobs) = 0;
   // Appends the rows `seq` holds beyond kv->num_tokens() to the mirror.
   virtual absl::Status MirrorRows(const DeviceSequence& seq, SequenceKv* kv) = 0;
   // Appends kv's rows (fp8, as loaded from the store) to an empty `seq`.

@@ -50,17 +50,13 @@ class GpuStage : public DeviceStage {
     return e_->RunStage(g, hidden);
   }
 
-  absl::Status Logits(const float* hidden, int rows, std::vector<float>* logits) override {
-    return e_->Logits(hidden, rows, logits);
-  }
-
   absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens) override {
     return e_->GreedyTokens(hidden, rows, tokens);
   }
 
   absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
-                            std::vector<int>* tokens) override {
-    return e_->SampleTokens(hidden, draws, tokens);
+                            std::vector<int>* tokens, std::vector<SampleLogprobs>* logprobs) override {
+    return e_->SampleTokens(hidden, draws, tokens, logprobs);
   }
 
   absl::Status MirrorRows(const DeviceSequence& dseq, SequenceKv* kv) override {

@@ -304,9 +304,9 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   if (!last_stage()) return absl::OkStatus();
 
   // Last stage: sample one token for every chunk that asks for it. On a GPU,
-  // plain greedy rows take the device's argmax and the other requests
-  // without logprobs the device sampler, penalties included (only the ids
-  // come back); the rest get their logits rows.
+  // plain greedy rows take the device's argmax and every other request the
+  // device sampler, penalties and logprobs included (only the ids and the
+  // logprobs asked for come back); a CPU stage samples its logits rows.
   enum Where { kArgmax, kDeviceDraw, kHost };
   std::vector<float> rows_of[3];
   std::vector<SampleDraw> draws;
@@ -327,10 +327,7 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
       return absl::FailedPreconditionError(absl::StrCat("sequence ", c.seq_id(), " asks for a token without sampling parameters"));
     }
     const float* src = batch.hidden.data() + static_cast<size_t>(row - 1) * H;
-    const Where w = device_ == nullptr                    ? kHost
-                    : seq.sampler->plain_greedy()         ? kArgmax
-                    : seq.sampler->device_sampleable()    ? kDeviceDraw
-                                                          : kHost;
+    const Where w = device_ == nullptr ? kHost : seq.sampler->plain_greedy() ? kArgmax : kDeviceDraw;
     rows_of[w].insert(rows_of[w].end(), src, src + H);
     if (w == kDeviceDraw) draws.push_back(seq.sampler->NextDraw());
     sample_chunks.push_back(i);
@@ -340,19 +337,17 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   if (sample_chunks.empty()) return absl::OkStatus();
   const int V = cfg.vocab_size;
   std::vector<int> device_tokens[2];
+  std::vector<SampleLogprobs> device_logprobs;
   if (count[kArgmax] > 0) {
     RETURN_IF_ERROR(device_->GreedyTokens(rows_of[kArgmax].data(), count[kArgmax], &device_tokens[kArgmax]));
   }
   if (count[kDeviceDraw] > 0) {
-    RETURN_IF_ERROR(device_->SampleTokens(rows_of[kDeviceDraw].data(), draws, &device_tokens[kDeviceDraw]));
+    RETURN_IF_ERROR(device_->SampleTokens(rows_of[kDeviceDraw].data(), draws, &device_tokens[kDeviceDraw],
+                                          &device_logprobs));
   }
   const int n_logits = count[kHost];
   std::vector<float> logits(static_cast<size_t>(n_logits) * V);
-  if (n_logits > 0 && device_) {
-    RETURN_IF_ERROR(device_->Logits(rows_of[kHost].data(), n_logits, &logits));
-  } else if (n_logits > 0) {
-    RETURN_IF_ERROR(engine_->Logits(rows_of[kHost].data(), n_logits, logits.data()));
-  }
+  if (n_logits > 0) RETURN_IF_ERROR(engine_->Logits(rows_of[kHost].data(), n_logits, logits.data()));
   for (size_t k = 0; k < sample_chunks.size(); ++k) {
     const v1::StageChunk& c = h.chunks(sample_chunks[k]);
     Seq& seq = seqs_[c.seq_id()];
@@ -363,6 +358,7 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
       seq.sampler->ConsumeDraw();
     } else if (where[k] == kDeviceDraw) {
       token = device_tokens[kDeviceDraw][slot[k]];  // (its draw was taken above)
+      if (seq.logprobs >= 0) lp = device_logprobs[slot[k]];
     } else {
       absl::Span<const float> row_logits(logits.data() + static_cast<size_t>(slot[k]) * V, V);
       token = seq.sampler->Sample(row_logits, seq.logprobs >= 0 ? &lp : nullptr);

@@ -359,6 +359,103 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const SampleParams 
   if (threadIdx.x == 0) p.tokens[blockIdx.x] = token;
 }
 
+// A token's place in the ranking as one number: larger logit, then lower
+// id, first.
+__device__ __forceinline__ uint64_t RankValue(int i, float v) {
+  return (static_cast<uint64_t>(Key(v)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+__device__ uint64_t BlockMaxU64(uint64_t v, uint64_t* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t y = __shfl_xor_sync(0xffffffffu, v, o);
+    v = y > v ? y : v;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint64_t t = red[0];
+  for (int w = 1; w < kWarps; ++w) t = red[w] > t ? red[w] : t;
+  __syncthreads();
+  return t;
+}
+
+// The logprobs of a row that asks for them, after its token is chosen: the
+// Sampler's SampleLogprobs over the penalised logits (NaN as -inf; when some
+// logits are +inf they share the mass; when all are -inf every logprob is
+// -inf).
+__global__ void __launch_bounds__(kThreads) LogprobsKernel(const SampleParams p) {
+  __shared__ uint64_t red[kWarps];
+  __shared__ double dred[kWarps];
+  const SampleRow rp = p.row[blockIdx.x];
+  if (rp.logprobs < 0) return;
+  Row r;
+  r.x = p.logits + static_cast<int64_t>(blockIdx.x) * p.ld;
+  r.n = p.vocab;
+  uint64_t top = 0;
+  ForStrided(r, [&](int i, float v) {
+    const uint64_t k = RankValue(i, v);
+    top = k > top ? k : top;
+  });
+  top = BlockMaxU64(top, red);
+  const float m = FromKey(static_cast<uint32_t>(top >> 32));
+  // log-sum-exp in float64 (a fixed order: threads' strided sums, then warps
+  // in order), or the count of +inf logits.
+  double acc = 0;
+  ForStrided(r, [&](int, float v) {
+    if (m == INFINITY) {
+      acc += v == INFINITY ? 1.0 : 0.0;
+    } else if (m != -INFINITY) {
+      acc += exp(static_cast<double>(v) - static_cast<double>(m));
+    }
+  });
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) dred[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < kWarps; ++w) total += dred[w];
+  const double lse = m == INFINITY || m == -INFINITY ? static_cast<double>(m) : m + log(total);
+  auto logprob = [&](float v) -> float {
+    if (lse == INFINITY) return v == INFINITY ? static_cast<float>(-log(total)) : -INFINITY;
+    if (lse == -INFINITY) return -INFINITY;
+    return static_cast<float>(static_cast<double>(v) - lse);
+  };
+  SampleLogprobsOut* out = p.logprobs + blockIdx.x;
+  const int token = p.tokens[blockIdx.x];
+  const float zt = Clean(r.x[token]);
+  uint64_t above = 0;
+  ForStrided(r, [&](int, float v) { above += v > zt; });
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) above += __shfl_xor_sync(0xffffffffu, above, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = above;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t a = 0;
+    for (int w = 0; w < kWarps; ++w) a += red[w];
+    out->logprob = logprob(zt);
+    out->rank = 1 + static_cast<int>(a);
+  }
+  __syncthreads();
+  // The k most likely, one block-wide maximum each below the previous one.
+  const int k = min(min(rp.logprobs, kSampleMaxLogprobs), r.n);
+  uint64_t prev = top;
+  for (int j = 0; j < k; ++j) {
+    if (j > 0) {
+      uint64_t best = 0;
+      ForStrided(r, [&](int i, float v) {
+        const uint64_t rv = RankValue(i, v);
+        if (rv < prev && rv > best) best = rv;
+      });
+      prev = BlockMaxU64(best, red);
+    }
+    if (threadIdx.x == 0) {
+      out->token[j] = static_cast<int>(0xFFFFFFFFu - static_cast<uint32_t>(prev));
+      out->value[j] = logprob(FromKey(static_cast<uint32_t>(prev >> 32)));
+    }
+  }
+  if (threadIdx.x == 0) out->count = k;
+}
+
 }  // namespace
 
 cudaError_t LaunchSampleRows(const SampleParams& p, cudaStream_t stream) {
@@ -373,6 +470,9 @@ cudaError_t LaunchSampleRows(const SampleParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   SampleRowsKernel<<<p.rows, kThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.logprobs == nullptr) return err;
+  LogprobsKernel<<<p.rows, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 // Sampling on the device: one token per logits row with the rules of
-// model/sampler.h except logprobs (those rows stay on the host):
+// model/sampler.h, and the logprobs a row asks for:
 //
 //   penalties (repetition, frequency, presence; applied to the listed
 //   tokens of the row, in place)
@@ -22,7 +22,9 @@
 // applied, else in id order, as the host Sampler does. Compared with the
 // Sampler's float64 weights this picks the same token unless the draw lands
 // within ~1e-6 (relative) of a boundary between two tokens' shares
-// (sampling_test measures that).
+// (sampling_test measures that). Logprobs: log-sum-exp in float64 over the
+// penalised row, the sampled token's rank, and the k most likely tokens
+// (larger logit, then lower id), with the Sampler's rules for infinities.
 //
 // One block of 1024 threads per row; 128 KiB of shared memory.
 #ifndef STRATA_KERNELS_CUDA_SAMPLING_H_
@@ -46,6 +48,20 @@ struct SampleRow {
   float presence = 0.0f;
   int penalty_begin = 0;     // the row's entries in SampleParams::penalties
   int penalty_count = 0;
+  int logprobs = -1;         // alternatives to report (<= kSampleMaxLogprobs); -1: none
+};
+
+// The most alternatives a row may ask for (SamplingParams' limit).
+inline constexpr int kSampleMaxLogprobs = 20;
+
+// What the Sampler reports with a token (SampleLogprobs): from the penalised
+// logits before temperature and truncation.
+struct SampleLogprobsOut {
+  float logprob;                     // of the sampled token
+  int rank;                          // 1 + tokens with a larger logit
+  int count;                         // alternatives below
+  int token[kSampleMaxLogprobs];     // most likely first, ties to the lower id
+  float value[kSampleMaxLogprobs];   // their logprobs
 };
 
 // A token of a row the penalties apply to (Sampler's counts).
@@ -63,6 +79,7 @@ struct SampleParams {
   const SampleRow* row = nullptr; // device, [rows]
   const PenaltyEntry* penalties = nullptr;  // device; null when no row has any
   int* tokens = nullptr;          // device, [rows]
+  SampleLogprobsOut* logprobs = nullptr;  // device, [rows]; null when no row asks
 };
 
 // Fixed-point sums of up to this many weights of at most 2^40 fit 64 bits.

@@ -2,7 +2,7 @@
 // its reference: fresh random logits (plain, heavily tied, with NaN and
 // infinities), every combination of temperature, top-k, top-p and min-p,
 // with and without penalties (a random prompt, outputs among the largest
-// logits), the same seeded draw on both sides. The tokens must be equal, except where
+// logits), with and without logprobs, the same seeded draw on both sides. The tokens must be equal, except where
 // the draw lands within 1e-6 of a boundary between two tokens' cumulative
 // shares (the device uses float weights in 2^-40 fixed point, the host
 // float64): those are counted, and must stay rare.
@@ -32,6 +32,7 @@ struct Case {
   std::vector<float> logits;
   std::vector<int> prompt, output;  // tokens the request observed (penalties)
   SampleDraw draw;                  // what NextDraw() hands the device
+  SampleLogprobs want_logprobs;     // the host's, when the case asks for them
 };
 
 // The Sampler's penalised logits (float64; NaN as -inf).
@@ -98,7 +99,7 @@ std::vector<float> MakeLogits(int kind, int n, Rng& rng) {
 }
 
 // Runs the cases on the device with the given draws.
-std::vector<int> DeviceTokens(const std::vector<Case>& cases) {
+std::vector<int> DeviceTokens(const std::vector<Case>& cases, std::vector<SampleLogprobsOut>* logprobs = nullptr) {
   const int rows = static_cast<int>(cases.size()), n = static_cast<int>(cases[0].logits.size());
   std::vector<float> logits(static_cast<size_t>(rows) * n);
   std::vector<SampleRow> rp(rows);
@@ -106,12 +107,16 @@ std::vector<int> DeviceTokens(const std::vector<Case>& cases) {
   for (int r = 0; r < rows; ++r) {
     std::copy(cases[r].logits.begin(), cases[r].logits.end(), logits.begin() + static_cast<size_t>(r) * n);
     const SampleDraw& d = cases[r].draw;
-    rp[r] = SampleRow{d.temperature, d.top_k, d.top_p, d.min_p, d.u, d.repetition_penalty, d.frequency_penalty,
-                      d.presence_penalty, static_cast<int>(pen.size()), static_cast<int>(d.counts.size())};
+    rp[r] = SampleRow{d.temperature,       d.top_k,
+                      d.top_p,             d.min_p,
+                      d.u,                 d.repetition_penalty,
+                      d.frequency_penalty, d.presence_penalty,
+                      static_cast<int>(pen.size()), static_cast<int>(d.counts.size()),
+                      logprobs != nullptr ? d.logprobs : -1};
     for (const PenaltyCount& c : d.counts) pen.push_back({c.token, c.prompt, c.output});
   }
   DeviceBuffer d_logits(logits.size() * 4), d_rows(rp.size() * sizeof(SampleRow)), d_tokens(rows * 4),
-      d_pen(std::max<size_t>(1, pen.size()) * sizeof(PenaltyEntry));
+      d_pen(std::max<size_t>(1, pen.size()) * sizeof(PenaltyEntry)), d_lp(rows * sizeof(SampleLogprobsOut));
   d_logits.Upload(logits.data(), logits.size() * 4);
   d_rows.Upload(rp.data(), rp.size() * sizeof(SampleRow));
   if (!pen.empty()) d_pen.Upload(pen.data(), pen.size() * sizeof(PenaltyEntry));
@@ -124,11 +129,31 @@ std::vector<int> DeviceTokens(const std::vector<Case>& cases) {
   p.row = d_rows.as<SampleRow>();
   p.penalties = pen.empty() ? nullptr : d_pen.as<PenaltyEntry>();
   p.tokens = d_tokens.as<int>();
+  p.logprobs = logprobs != nullptr ? d_lp.as<SampleLogprobsOut>() : nullptr;
   EXPECT_EQ(LaunchSampleRows(p, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> tokens(rows);
   d_tokens.Download(tokens.data(), rows * 4);
+  if (logprobs != nullptr) {
+    logprobs->resize(rows);
+    d_lp.Download(logprobs->data(), rows * sizeof(SampleLogprobsOut));
+  }
   return tokens;
+}
+
+// Logprobs (float) against the host's (float64, rounded): infinities equal,
+// finite values within 1e-5 (the device penalises in float); the same rank
+// and the same alternatives in the same order.
+void CheckLogprobs(const SampleLogprobs& want, const SampleLogprobsOut& got, int k, int row) {
+  auto close = [](float a, float b) { return std::isinf(a) || std::isinf(b) ? a == b : std::fabs(a - b) <= 1e-5f; };
+  EXPECT_TRUE(close(got.logprob, want.logprob)) << "row " << row << ": " << got.logprob << " vs " << want.logprob;
+  EXPECT_EQ(got.rank, want.rank) << "row " << row;
+  ASSERT_EQ(got.count, static_cast<int>(want.top.size())) << "row " << row;
+  ASSERT_EQ(got.count, k) << "row " << row;
+  for (int j = 0; j < got.count; ++j) {
+    EXPECT_EQ(got.token[j], want.top[j].token) << "row " << row << " alternative " << j;
+    EXPECT_TRUE(close(got.value[j], want.top[j].logprob)) << "row " << row << " alternative " << j;
+  }
 }
 
 void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
@@ -167,9 +192,11 @@ void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
                   for (int i = 0; i < 24; ++i)
                     c.output.push_back(i % 2 ? top[rng.Below(30)] : static_cast<int>(rng.Below(vocab)));
                 }
+                // Every third case asks for 0, 5 or 20 alternatives.
+                if (cases.size() % 3 == 0) c.params.logprobs = std::vector<int>{0, 5, 20}[cases.size() / 3 % 3];
                 c.logits = x;
                 c.draw = MakeSampler(c)->NextDraw();
-                want.push_back(MakeSampler(c)->Sample(c.logits));
+                want.push_back(MakeSampler(c)->Sample(c.logits, c.params.logprobs ? &c.want_logprobs : nullptr));
                 cases.push_back(std::move(c));
               }
             }
@@ -178,12 +205,18 @@ void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
       }
     }
   }
-  const std::vector<int> got = DeviceTokens(cases);
+  std::vector<SampleLogprobsOut> lps;
+  const std::vector<int> got = DeviceTokens(cases, &lps);
   EXPECT_EQ(DeviceTokens(cases), got) << "not deterministic";
   int near = 0, compared = 0;
+  int with_logprobs = 0;
   for (size_t r = 0; r < cases.size(); ++r) {
     if (got[r] == want[r]) {
       ++compared;
+      if (cases[r].params.logprobs) {
+        ++with_logprobs;
+        CheckLogprobs(cases[r].want_logprobs, lps[r], *cases[r].params.logprobs, static_cast<int>(r));
+      }
       continue;
     }
     const double dist = cases[r].params.temperature == 0.0f ? INFINITY : BoundaryDistance(cases[r], cases[r].draw.u);
@@ -198,7 +231,8 @@ void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
                   << cases[r].draw.u << "): device token " << got[r] << ", host token "
                   << want[r] << ", draw " << dist << " from a boundary; seed " << seed;
   }
-  std::printf("%d rows agree or differ, %d within 1e-6 of a boundary (skipped)\n", compared, near);
+  std::printf("%d rows agree or differ, %d within 1e-6 of a boundary (skipped); logprobs checked on %d\n", compared,
+              near, with_logprobs);
   EXPECT_LE(near, static_cast<int>(cases.size()) / 100);
 }
 

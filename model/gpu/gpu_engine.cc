@@ -398,12 +398,13 @@ absl::Status GpuEngine::WarmUp(int prompt_rows) {
 }
 
 absl::Status GpuEngine::SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws,
-                                     std::vector<int>* tokens) {
+                                     std::vector<int>* tokens, std::vector<SampleLogprobs>* logprobs) {
   const int rows = static_cast<int>(draws.size());
   RETURN_IF_ERROR(DeviceLogits(hidden, rows, "SampleTokens"));
   Impl& im = *impl_;
   std::vector<cuda::SampleRow> host(rows);
   std::vector<cuda::PenaltyEntry> penalties;
+  bool any_logprobs = false;
   for (int r = 0; r < rows; ++r) {
     const SampleDraw& d = draws[r];
     cuda::SampleRow& h = host[r];
@@ -417,11 +418,15 @@ absl::Status GpuEngine::SampleTokens(const float* hidden, absl::Span<const Sampl
     h.presence = d.presence_penalty;
     h.penalty_begin = static_cast<int>(penalties.size());
     h.penalty_count = static_cast<int>(d.counts.size());
+    h.logprobs = logprobs != nullptr ? std::min(d.logprobs, cuda::kSampleMaxLogprobs) : -1;
+    any_logprobs |= h.logprobs >= 0;
     for (const PenaltyCount& c : d.counts) penalties.push_back({c.token, c.prompt, c.output});
   }
   const size_t row_bytes = host.size() * sizeof(cuda::SampleRow);
   const size_t penalty_bytes = penalties.size() * sizeof(cuda::PenaltyEntry);
+  const size_t logprob_bytes = any_logprobs ? rows * sizeof(cuda::SampleLogprobsOut) : 0;
   RETURN_IF_ERROR(im.s.sample_rows.Reserve(row_bytes + penalty_bytes));
+  if (any_logprobs) RETURN_IF_ERROR(im.s.sample_logprobs.Reserve(logprob_bytes));
   RETURN_IF_ERROR(im.s.argmax.Reserve(static_cast<size_t>(rows) * sizeof(int)));
   STRATA_CUDA_RETURN(
       cudaMemcpyAsync(im.s.sample_rows.get(), host.data(), row_bytes, cudaMemcpyHostToDevice, im.stream));
@@ -439,12 +444,28 @@ absl::Status GpuEngine::SampleTokens(const float* hidden, absl::Span<const Sampl
   p.vocab = im.c.vocab_size;
   p.row = im.s.sample_rows.as<cuda::SampleRow>();
   p.tokens = im.s.argmax.as<int>();
+  p.logprobs = any_logprobs ? im.s.sample_logprobs.as<cuda::SampleLogprobsOut>() : nullptr;
   STRATA_CUDA_RETURN(cuda::LaunchSampleRows(p, im.stream));
   tokens->resize(rows);
   STRATA_CUDA_RETURN(cudaMemcpyAsync(tokens->data(), im.s.argmax.get(), rows * sizeof(int), cudaMemcpyDeviceToHost,
                                      im.stream));
-  // (the host vector must outlive the copy)
-  return Synchronize();
+  std::vector<cuda::SampleLogprobsOut> lp(any_logprobs ? rows : 0);
+  if (any_logprobs) {
+    STRATA_CUDA_RETURN(cudaMemcpyAsync(lp.data(), im.s.sample_logprobs.get(), logprob_bytes, cudaMemcpyDeviceToHost,
+                                       im.stream));
+  }
+  RETURN_IF_ERROR(Synchronize());
+  if (logprobs != nullptr) {
+    logprobs->assign(rows, SampleLogprobs{});
+    for (int r = 0; r < rows; ++r) {
+      if (host[r].logprobs < 0) continue;
+      SampleLogprobs& out = (*logprobs)[r];
+      out.logprob = lp[r].logprob;
+      out.rank = lp[r].rank;
+      for (int j = 0; j < lp[r].count; ++j) out.top.push_back({lp[r].token[j], lp[r].value[j]});
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuEngine::FillRandomContext(GpuSequence* seq, int64_t n_tokens, uint64_t seed) {

@@ -150,10 +150,12 @@ class GpuEngine {
   absl::Status GreedyTokens(const float* hidden, int rows, std::vector<int>* tokens);
 
   // Sampled tokens for host rows of a stage's output, one draw per row,
-  // chosen on the device with Sampler's rules except logprobs (penalties
-  // from the draw's counts; kernels/cuda/sampling.h); only the ids come
-  // back. Last stage only.
-  absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws, std::vector<int>* tokens);
+  // chosen on the device with Sampler's rules (penalties from the draw's
+  // counts; kernels/cuda/sampling.h); only the ids come back, and for rows
+  // whose draw asks for logprobs (and when `logprobs` is given) what
+  // Sample() would report, in (*logprobs)[row]. Last stage only.
+  absl::Status SampleTokens(const float* hidden, absl::Span<const SampleDraw> draws, std::vector<int>* tokens,
+                            std::vector<SampleLogprobs>* logprobs = nullptr);
 
   // Benchmarks: gives `seq` (empty) n_tokens of random cache rows in every
   // layer, as if a context of that length had been prefilled.

@@ -814,12 +814,15 @@ TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
 
   // Variants: no truncation (id-order walk), top-k 5 (ranking order), and
   // penalties that demote each row's most likely token (the sampler's
-  // counts travel in the draw).
+  // counts travel in the draw) with three logprobs alternatives, checked
+  // against a twin host Sampler's report (the target is then the penalised
+  // argmax: rank 1).
   for (int variant = 0; variant < 3; ++variant) {
     SCOPED_TRACE(variant);
     const int top_k = variant == 1 ? 5 : 0;
     std::vector<SampleDraw> draws(rows);
     std::vector<int> want(rows);
+    std::vector<SampleLogprobs> want_lp(rows);
     for (int r = 0; r < rows; ++r) {
       SamplingParams sp;
       sp.top_k = top_k;
@@ -828,12 +831,17 @@ TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
       if (variant == 2) {
         sp.repetition_penalty = 1.2f;
         sp.presence_penalty = 2.0f;
+        sp.logprobs = 3;
       }
       auto sampler = Sampler::Create(sp, V);
-      ASSERT_TRUE(sampler.ok());
+      auto twin = Sampler::Create(sp, V);
+      ASSERT_TRUE(sampler.ok() && twin.ok());
       if (variant == 2) {
-        (*sampler)->ObservePrompt(st.tokens);
-        (*sampler)->Observe(static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin()), false);
+        for (Sampler* s : {sampler->get(), twin->get()}) {
+          s->ObservePrompt(st.tokens);
+          s->Observe(static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin()), false);
+        }
+        (*twin)->Sample(row, &want_lp[r]);
       }
       const std::vector<double> probs = (*sampler)->Probabilities(row);
       std::vector<int> order;  // the walk: id order, or ranking order once top-k applies
@@ -856,8 +864,19 @@ TEST(GpuEngineTest, SampleTokensDrawWhereTheSamplerWould) {
       want[r] = target;
     }
     std::vector<int> got;
-    ASSERT_TRUE(st.engine->SampleTokens(hidden.data(), draws, &got).ok());
+    std::vector<SampleLogprobs> got_lp;
+    ASSERT_TRUE(st.engine->SampleTokens(hidden.data(), draws, &got, &got_lp).ok());
     EXPECT_EQ(got, want);
+    ASSERT_EQ(got_lp.size(), static_cast<size_t>(rows));
+    for (int r = 0; r < rows && variant == 2; ++r) {
+      EXPECT_EQ(got_lp[r].rank, 1) << "row " << r;
+      ASSERT_EQ(got_lp[r].top.size(), 3u) << "row " << r;
+      EXPECT_NEAR(got_lp[r].logprob, want_lp[r].top[0].logprob, 1e-5) << "row " << r;
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_EQ(got_lp[r].top[j].token, want_lp[r].top[j].token) << "row " << r;
+        EXPECT_NEAR(got_lp[r].top[j].logprob, want_lp[r].top[j].logprob, 1e-5) << "row " << r;
+      }
+    }
   }
   std::vector<int> none;
   EXPECT_EQ(st.engine->SampleTokens(hidden.data(), {}, &none).code(), absl::StatusCode::kInvalidArgument);
