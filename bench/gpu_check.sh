@@ -17,7 +17,7 @@
 #                  decode kernels at B=1 T=128k
 #   SANITIZE=0     skips compute-sanitizer
 #   ATTENTION_BENCH=0, E2E_BENCH=0   skip the attention kernel benchmark or
-#                  the end-to-end synthetic DeepSeek-V3 benchmark
+#                  the end-to-end synthetic DeepSeek-V3 and MoE benchmarks
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
@@ -98,12 +98,15 @@ fi
 if [ "${ATTENTION_BENCH:-1}" = 1 ]; then
   timeout 180 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
 fi
-# DeepSeek-V3-sized layers end to end (synthetic weights), dense and DSA.
+# DeepSeek-V3-sized layers end to end (synthetic weights), dense and DSA,
+# then the routed experts of one MoE step (random routing).
 if [ "${E2E_BENCH:-1}" = 1 ]; then
   for flag in "" --dsa; do
     timeout 240 "$BIN/strata_gpu_e2e_bench" $flag 2>&1 | tee -a "$OUT/e2e.log"
     echo "e2e bench $flag rc=${PIPESTATUS[0]}"
   done
+  timeout 120 "$BIN/strata_moe_bench" 2>&1 | tee -a "$OUT/e2e.log"
+  echo "moe bench rc=${PIPESTATUS[0]}"
 fi
 # The previous build's benchmark on the same card (quick: up to T = 128k).
 if [ -n "${PREV_BIN:-}" ] && [ -x "$PREV_BIN/strata_attention_bench" ]; then
