@@ -433,7 +433,10 @@ int Sampler::Sample(absl::Span<const float> logits, SampleLogprobs* logprobs) {
   return token;
 }
 
-void Sampler::ConsumeDraw() { NextDraw(); }
+void Sampler::ConsumeDraw() {
+  rng_();
+  ++num_samples_;
+}
 
 SampleDraw Sampler::NextDraw() {
   ++num_samples_;
