@@ -294,15 +294,26 @@ void Sampler::Penalize(absl::Span<const float> logits,
     z[i] = static_cast<double>(logits[i]);
   }
   if (track_counts_) {
+    // In float arithmetic, one rounding per operation, as the GPU sampler
+    // does (kernels/cuda/sampling.cu): each step is computed in double and
+    // rounded to float, which for +, -, * and / is the correctly rounded
+    // float result (double has more than twice float's precision) and
+    // leaves nothing a compiler could fuse into an FMA. In double, a
+    // penalised logit could differ from the GPU's in the last float bit and
+    // reorder near-ties, and with them the token a seed draws.
     const double rep = params_.repetition_penalty;
     const double freq = params_.frequency_penalty;
     const double pres = params_.presence_penalty;
+    auto round = [](double x) { return static_cast<double>(static_cast<float>(x)); };
     // Each token's update depends only on its own counts, so the map's
     // iteration order does not matter.
     for (const auto& [token, c] : counts_) {
       double& v = z[token];
-      if (rep != 1.0) v = v > 0 ? v / rep : v * rep;
-      if (c.output > 0) v -= freq * c.output + pres;
+      if (rep != 1.0) v = round(v > 0 ? v / rep : v * rep);
+      if (c.output > 0) {
+        const double step = round(round(freq * static_cast<float>(c.output)) + pres);
+        v = round(v - step);
+      }
     }
   }
   for (double& v : z) {

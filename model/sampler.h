@@ -85,7 +85,9 @@ struct SamplingParams {
 
   // OpenAI penalties over the generated tokens only:
   //   logit -= frequency_penalty * count + presence_penalty * (count > 0).
-  // Each must be in [-2, 2]; 0 = off.
+  // Each must be in [-2, 2]; 0 = off. All three penalties are applied in float
+  // arithmetic, each operation rounded once, so the GPU sampler gets the
+  // same penalised logits bit for bit.
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
 

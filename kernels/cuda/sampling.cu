@@ -273,9 +273,11 @@ __global__ void ApplyPenaltiesKernel(const SampleParams p) {
   for (int j = threadIdx.x; j < rp.penalty_count; j += blockDim.x) {
     const PenaltyEntry e = p.penalties[rp.penalty_begin + j];
     if (e.token < 0 || e.token >= p.vocab) continue;
+    // One rounding per operation and no FMA: the host Sampler's arithmetic.
     float v = x[e.token];
-    if (rp.repetition != 1.0f) v = v > 0.0f ? v / rp.repetition : v * rp.repetition;
-    if (e.output > 0) v -= rp.frequency * static_cast<float>(e.output) + rp.presence;
+    if (rp.repetition != 1.0f) v = v > 0.0f ? __fdiv_rn(v, rp.repetition) : __fmul_rn(v, rp.repetition);
+    if (e.output > 0)
+      v = __fsub_rn(v, __fadd_rn(__fmul_rn(rp.frequency, static_cast<float>(e.output)), rp.presence));
     x[e.token] = v;
   }
 }

@@ -84,7 +84,11 @@ class Rng {
 };
 
 // A fresh seed for every run (printed by the tests so a failure can be replayed).
+// A new seed per call; STRATA_TEST_SEED=N makes every call return N, to
+// replay a failure whose seed a test printed.
 inline uint64_t FreshSeed() {
+  if (const char* fixed = std::getenv("STRATA_TEST_SEED"); fixed != nullptr && *fixed != '\0')
+    return std::strtoull(fixed, nullptr, 10);
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
