@@ -238,7 +238,12 @@ void BenchIndexer(const Ceilings& c, int64_t t, int k) {
     STRATA_CUDA_OK(sc::LaunchDsaIndexer(p, nullptr));
     STRATA_CUDA_OK(sc::LaunchTopk(tp, nullptr));
   });
-  Report(c, "indexer + top-k T=128k B=1", us_both, key_bytes, flops);
+  Report(c, "indexer then top-k T=128k B=1", us_both, key_bytes, flops);
+  const double us_fused = TimeUs([&](int rep) {
+    p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
+    STRATA_CUDA_OK(sc::LaunchDsaIndexerTopk(p, tp, nullptr));
+  });
+  Report(c, "indexer + top-k T=128k B=1 (fused)", us_fused, key_bytes, flops);
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
 // Device-side building blocks shared by the kernels in kernels/cuda: the fp8
 // codec in the exact arithmetic of kernels/fp8.h, exact fp8 -> bf16 widening,
-// cp.async, ex2.approx and the bf16 m16n8k16 tensor-core MMA.
+// cp.async, ex2.approx, the bf16 m16n8k16 tensor-core MMA, and programmatic
+// dependent launches.
 //
-// Include only from .cu files. Everything here is a pure device function.
+// Include only from .cu files. Everything here but LaunchAfter is a pure
+// device function.
 #ifndef STRATA_KERNELS_CUDA_DEVICE_UTIL_CUH_
 #define STRATA_KERNELS_CUDA_DEVICE_UTIL_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -153,6 +157,32 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- programmatic dependent launch (PTX griddepcontrol) --------------------
+// A kernel launched with LaunchAfter may start while the kernel before it on
+// its stream still runs (once every block of that kernel has called
+// LaunchDependents, or exited); it must call GridDependencyWait() before it
+// reads anything that kernel writes: the wait returns when that kernel has
+// finished and its writes are visible. Every block of such a kernel must
+// wait, also one with nothing to do: only then do the kernels after it find
+// the one before it finished. This hides the launch and the block
+// scheduling of a short kernel behind the end of the one before it.
+__device__ __forceinline__ void GridDependencyWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void LaunchDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
+template <typename... Args>
+cudaError_t LaunchAfter(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 }  // namespace strata::cuda::dev

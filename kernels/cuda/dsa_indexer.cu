@@ -18,11 +18,21 @@ namespace {
 // quad owns key bytes [32q, 32q + 32), and k-step ks uses its word ks. Query
 // element d = 32q + 4ks + j is stored at position 16ks + 4q + j of its
 // shared-memory row, so the matching B fragment is one 8-byte load.
+//
+// Persistent warps (two blocks per SM): warp w of block x scores the 16-token
+// tiles x * 8 + w + i * (gridDim.x * 8), with the next tile's keys in flight
+// (in registers) while it scores one. The pages of a warp's tiles are loaded
+// 32 tiles at a time ahead of the keys, so a tile's loads wait on nothing.
 constexpr int kIdxWarps = 8;
 constexpr int kIdxThreads = kIdxWarps * 32;
 constexpr int kIdxTokensPerBlock = kIdxWarps * 16;
 constexpr int kIdxMaxHeads = 64;
-constexpr int kIdxQStride = kIndexDim + 16;  // 288-byte rows: 8-byte fragment loads conflict-free
+constexpr int kIdxQStride = kIndexDim + 16;   // 288-byte rows: 8-byte fragment loads conflict-free
+
+__device__ __forceinline__ uint32_t DevTopkKey(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
 // Raw key bytes and scale of rows g and g + 8 of one 16-token tile, as loaded
 // (NaN codes and unusable scales are cleared at use, so that the loads of the
@@ -32,12 +42,13 @@ struct IdxTile {
   float scale[2];
 };
 
-__device__ __forceinline__ void LoadIdxTile(const DsaIndexerParams& p, int b, int64_t seq,
-                                            int64_t t0, int g, int q, IdxTile& k) {
+__device__ __forceinline__ void LoadIdxTile(const uint8_t* pool, int page, int64_t seq, int64_t t0, int g,
+                                            int q, IdxTile& k) {
+  k.lo[0] = k.lo[1] = k.hi[0] = k.hi[1] = make_uint4(0, 0, 0, 0);
+  k.scale[0] = k.scale[1] = 0.0f;
   if (t0 >= seq) return;
   // The 16 tokens of a tile share one page (tiles are 16-aligned).
-  const int page = p.page_table[(p.page_row ? p.page_row[b] : b) * p.page_table_stride + t0 / 64];
-  const uint8_t* base = p.pool + static_cast<size_t>(page) * kIndexPageBytes;
+  const uint8_t* base = pool + static_cast<size_t>(page) * kIndexPageBytes;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t t = t0 + g + 8 * r;
@@ -51,48 +62,82 @@ __device__ __forceinline__ void LoadIdxTile(const DsaIndexerParams& p, int b, in
   }
 }
 
-// Persistent warps: warp w of block x scores the 16-token tiles
-// x * 8 + w + i * (gridDim.x * 8), loading tile i + 1 while it scores tile i.
-__global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const DsaIndexerParams p) {
+// The indexer's launch: with hist != null (LaunchDsaIndexerTopk) requests of
+// seq_len <= k are not scored (their selection is every position) and the
+// others' scores are also counted into hist + b * kTopkFrontInts, the
+// first-level histogram of the multi-block top-k.
+struct IndexerArgs {
+  DsaIndexerParams p;
+  int* hist = nullptr;
+  int k = 0;
+};
+
+__global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const IndexerArgs args) {
+  const DsaIndexerParams& p = args.p;
   __shared__ __align__(16) __nv_bfloat16 q_s[kIdxMaxHeads][kIdxQStride];
   __shared__ float w_s[kIdxMaxHeads];
+  __shared__ int hist_s[kTopkBins];  // the fused top-k histogram (top 11 key bits)
+  dev::LaunchDependents();
   const int b = blockIdx.y;
   const int64_t seq = p.seq_lens[b];
+  const bool fused = args.hist != nullptr;
+  if (fused && seq <= args.k) return;  // top-k selects every position
   if (static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock >= seq) return;  // the whole block
   const int tid = threadIdx.x;
   const int heads = p.index_heads;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kIdxTokensPerBlock;
-  int64_t t0 = static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock + warp * 16;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock + warp * 16;
+  const int n_tiles = first < seq ? static_cast<int>((seq - first + step - 1) / step) : 0;
+  const int* table = p.page_table + (p.page_row ? p.page_row[b] : b) * p.page_table_stride;
 
+  // Lane l holds the page of tile (i & ~31) + l while tile i is loaded.
+  int page_of_lane = 0;
+  auto load_pages = [&](int base) {
+    const int i = base + lane;
+    page_of_lane = i < n_tiles ? table[(first + i * step) / 64] : 0;
+  };
+  auto load_tile = [&](int i, IdxTile& k) {
+    if (i < n_tiles && (i & 31) == 0 && i > 0) load_pages(i);
+    const int page = __shfl_sync(0xffffffffu, page_of_lane, i & 31);
+    LoadIdxTile(p.pool, page, i < n_tiles ? seq : 0, first + i * step, g, q, k);
+  };
+  load_pages(0);
   IdxTile cur;
-  cur.lo[0] = cur.lo[1] = cur.hi[0] = cur.hi[1] = make_uint4(0, 0, 0, 0);
-  cur.scale[0] = cur.scale[1] = 0.0f;
-  LoadIdxTile(p, b, seq, t0, g, q, cur);  // in flight while the queries are staged
+  load_tile(0, cur);  // in flight while the queries are staged
 
-  for (int c = tid; c < kIdxMaxHeads * (kIndexDim / 4); c += kIdxThreads) {
-    const int h = c / (kIndexDim / 4), c4 = c % (kIndexDim / 4);
-    uint2 v = make_uint2(0, 0);
+  // The queries: 8 loads in flight per thread.
+  constexpr int kQChunks = kIdxMaxHeads * (kIndexDim / 4) / kIdxThreads;
+  uint2 qv[kQChunks];
+#pragma unroll
+  for (int j = 0; j < kQChunks; ++j) {
+    const int c = tid + j * kIdxThreads, h = c / (kIndexDim / 4), c4 = c % (kIndexDim / 4);
+    qv[j] = make_uint2(0, 0);
     if (h < heads) {
       const int64_t base = (static_cast<int64_t>(b) * heads + h) * kIndexDim + c4 * 4;
       if (p.q_is_bf16) {
-        v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.q) + base);
+        qv[j] = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.q) + base);
       } else {
         const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + base);
-        v = make_uint2(dev::PackBf16x2(f.x, f.y), dev::PackBf16x2(f.z, f.w));
+        qv[j] = make_uint2(dev::PackBf16x2(f.x, f.y), dev::PackBf16x2(f.z, f.w));
       }
     }
-    *reinterpret_cast<uint2*>(&q_s[h][(c4 % 8) * 16 + (c4 / 8) * 4]) = v;
+  }
+#pragma unroll
+  for (int j = 0; j < kQChunks; ++j) {
+    const int c = tid + j * kIdxThreads, h = c / (kIndexDim / 4), c4 = c % (kIndexDim / 4);
+    *reinterpret_cast<uint2*>(&q_s[h][(c4 % 8) * 16 + (c4 / 8) * 4]) = qv[j];
   }
   if (tid < kIdxMaxHeads) w_s[tid] = tid < heads ? p.weights[static_cast<int64_t>(b) * heads + tid] : 0.0f;
+  if (fused)
+    for (int i = tid; i < kTopkBins; i += kIdxThreads) hist_s[i] = 0;
   __syncthreads();
 
-  const int n_tiles = heads / 8;
-  for (; t0 < seq; t0 += step) {
+  const int n_head_tiles = heads / 8;
+  for (int i = 0; i < n_tiles; ++i) {
+    const int64_t t0 = first + i * step;
     IdxTile nxt;
-    nxt.lo[0] = nxt.lo[1] = nxt.hi[0] = nxt.hi[1] = make_uint4(0, 0, 0, 0);
-    nxt.scale[0] = nxt.scale[1] = 0.0f;
-    LoadIdxTile(p, b, seq, t0 + step, g, q, nxt);
+    load_tile(i + 1, nxt);
 
     uint32_t words[2][8];
     float kscale[2];
@@ -120,7 +165,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const DsaInde
       a[3] = dev::E4m3x2ToBf16x2(words[1][ks] >> 16);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
-        if (nt < n_tiles) {
+        if (nt < n_head_tiles) {
           const uint2 bq = *reinterpret_cast<const uint2*>(&q_s[nt * 8 + g][ks * 16 + q * 4]);
           dev::MmaBf16(acc[nt], a, bq.x, bq.y);
         }
@@ -129,7 +174,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const DsaInde
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      if (nt < n_tiles) {
+      if (nt < n_head_tiles) {
         const float w0 = w_s[nt * 8 + 2 * q], w1 = w_s[nt * 8 + 2 * q + 1];
         sum[0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][1], 0.0f);
         sum[1] += w0 * fmaxf(acc[nt][2], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
@@ -140,20 +185,26 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const DsaInde
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
       const int64_t t = t0 + g + 8 * r;
-      if (q == 0 && t < seq) p.scores[b * p.score_stride + t] = kscale[r] * sum[r];
+      if (q == 0 && t < seq) {
+        const float score = kscale[r] * sum[r];
+        p.scores[b * p.score_stride + t] = score;
+        if (fused) atomicAdd(&hist_s[DevTopkKey(score) >> 21], 1);
+      }
     }
     cur = nxt;
+  }
+  if (!fused) return;
+  __syncthreads();
+  int* gh = args.hist + static_cast<int64_t>(b) * kTopkFrontInts;
+  for (int i = tid; i < kTopkBins; i += kIdxThreads) {
+    const int cnt = hist_s[i];
+    if (cnt != 0) atomicAdd(&gh[i], cnt);
   }
 }
 
 // ---- top-k --------------------------------------------------------------------
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkMaxBins = 2048;
-
-__device__ __forceinline__ uint32_t DevTopkKey(float x) {
-  const uint32_t u = __float_as_uint(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 __global__ void __launch_bounds__(kTopkThreads) TopkKernel(const TopkParams p) {
   using Scan = cub::BlockScan<int, kTopkThreads>;
@@ -252,12 +303,15 @@ __global__ void __launch_bounds__(kTopkThreads) TopkKernel(const TopkParams p) {
 //   1. TopkHist: histogram of the top 11 key bits, added into the request's
 //      global histogram.
 //   2. TopkCollect: every block finds the bin of the k-th largest key from the
-//      global histogram, counts its keys above that bin and appends the keys in
-//      it (the candidates) to a list. The last block to finish (a ticket)
-//      selects the exact threshold key among the candidates (11 + 10 more bits),
-//      counts per chunk the keys taken (all above the threshold, and the first
-//      `rem` equal ones in position order), turns the counts into each chunk's
-//      output offset, and clears the histogram and counters for the next launch.
+//      global histogram, counts its keys above that bin, appends the keys in
+//      it (the candidates) to a list and adds their next 11 bits into a second
+//      global histogram. The last block to finish (a ticket) finds the
+//      second-level bin from that histogram, the last 10 bits from one pass
+//      over the candidates, counts per chunk the keys taken (all above the
+//      threshold, and the first `rem` equal ones in position order) in a
+//      second pass, turns the counts into each chunk's output offset, and
+//      clears the histograms and counters for the next launch. Its passes keep
+//      8 loads in flight per thread: it runs alone, on latency.
 //   3. TopkWrite: every block writes its chunk's selected positions, in order,
 //      at its offset.
 constexpr int kTkThreads = 256;
@@ -267,6 +321,7 @@ using TkScan = cub::BlockScan<int, kTkThreads>;
 
 struct TopkWs {
   int* hist;        // [kTopkBins] zero between launches
+  int* hist2;       // [kTopkBins] the candidates' next 11 bits; zero between launches
   int* ticket;      // zero between launches
   int* n_cand;      // zero between launches
   int* thr_rem;     // [2] threshold key, equal keys to take
@@ -286,9 +341,10 @@ __device__ __forceinline__ TopkWs WsFor(const TopkParams& p, int b) {
               static_cast<int64_t>(b) * (5 * chunks + 2 * p.score_stride);
   TopkWs w;
   w.hist = front;
-  w.ticket = front + kTopkBins;
-  w.n_cand = front + kTopkBins + 1;
-  w.thr_rem = front + kTopkBins + 2;
+  w.hist2 = front + kTopkBins;
+  w.ticket = front + 2 * kTopkBins;
+  w.n_cand = front + 2 * kTopkBins + 1;
+  w.thr_rem = front + 2 * kTopkBins + 2;
   w.gt = rest;
   w.cgt = rest + chunks;
   w.ceq = rest + 2 * chunks;
@@ -332,6 +388,7 @@ __device__ __forceinline__ int2 FindBin(const int* h, int nb, int need,
 
 __global__ void __launch_bounds__(kTkThreads) TopkHistKernel(const TopkParams p) {
   __shared__ int hist[kTopkBins];
+  dev::LaunchDependents();
   const int b = blockIdx.y, tid = threadIdx.x;
   const int64_t seq = p.seq_lens[b];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
@@ -362,6 +419,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   __shared__ int hist[kTopkBins];
   __shared__ int2 s_find;
   __shared__ int s_base, s_last;
+  dev::GridDependencyWait();  // the histogram is complete
+  dev::LaunchDependents();
   const int b = blockIdx.y, tid = threadIdx.x, chunk = blockIdx.x;
   const int64_t seq = p.seq_lens[b];
   const int64_t c0 = static_cast<int64_t>(chunk) * kTopkChunk;
@@ -397,6 +456,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   }
   __syncthreads();
   int at = s_base + c_ex;
+  for (int i = tid; i < kTopkBins; i += kTkThreads) hist[i] = 0;
+  __syncthreads();
 #pragma unroll
   for (int j = 0; j < kTkPerThread; ++j) {
     const int i = tid + j * kTkThreads;
@@ -404,7 +465,13 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
       ws.cand_key[at] = key[j];
       ws.cand_pos[at] = static_cast<int>(c0 + i);
       ++at;
+      atomicAdd(&hist[(key[j] >> 10) & (kTopkBins - 1)], 1);
     }
+  }
+  __syncthreads();
+  for (int i = tid; i < kTopkBins; i += kTkThreads) {
+    const int cnt = hist[i];
+    if (cnt != 0) atomicAdd(&ws.hist2[i], cnt);
   }
 
   // The last block of the request resolves the threshold.
@@ -416,32 +483,44 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   __threadfence();
 
   const int n_cand = __ldcg(ws.n_cand);
-  uint32_t prefix = bin1 << 21, mask = 0xFFE00000u;
-  int rem = rem1;
-  constexpr int kShift[2] = {10, 0};
-  constexpr int kBins[2] = {2048, 1024};
+  const int2 f2 = FindBin<true>(ws.hist2, kTopkBins, rem1, scan_tmp, s_find);
+  const uint32_t prefix = (bin1 << 21) | (static_cast<uint32_t>(f2.x) << 10);
+  int rem = rem1 - f2.y;
+  // The last 10 bits, over the candidates sharing the first 22.
+  constexpr int kUnroll = 8;
+  for (int i = tid; i < 1024; i += kTkThreads) hist[i] = 0;
+  __syncthreads();
+  for (int base = 0; base < n_cand; base += kUnroll * kTkThreads) {
+    uint32_t k[kUnroll];
 #pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-    const int shift = kShift[pass], nb = kBins[pass];
-    for (int i = tid; i < nb; i += kTkThreads) hist[i] = 0;
-    __syncthreads();
-    for (int i = tid; i < n_cand; i += kTkThreads) {
-      const uint32_t k = __ldcg(ws.cand_key + i);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kTkThreads + tid;
+      k[u] = i < n_cand ? __ldcg(ws.cand_key + i) : 0u;
     }
-    __syncthreads();
-    const int2 f = FindBin<false>(hist, nb, rem, scan_tmp, s_find);
-    prefix |= static_cast<uint32_t>(f.x) << shift;
-    mask |= static_cast<uint32_t>(nb - 1) << shift;
-    rem -= f.y;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * kTkThreads + tid < n_cand && (k[u] & 0xFFFFFC00u) == prefix) atomicAdd(&hist[k[u] & 1023], 1);
   }
-  const uint32_t thr = prefix;
+  __syncthreads();
+  const int2 f3 = FindBin<false>(hist, 1024, rem, scan_tmp, s_find);
+  const uint32_t thr = prefix | static_cast<uint32_t>(f3.x);
+  rem -= f3.y;
 
-  for (int i = tid; i < n_cand; i += kTkThreads) {
-    const uint32_t k = __ldcg(ws.cand_key + i);
-    if (k >= thr) {
-      const int c = __ldcg(ws.cand_pos + i) / kTopkChunk;
-      atomicAdd(k > thr ? ws.cgt + c : ws.ceq + c, 1);
+  for (int base = 0; base < n_cand; base += kUnroll * kTkThreads) {
+    uint32_t k[kUnroll];
+    int pos[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kTkThreads + tid;
+      k[u] = i < n_cand ? __ldcg(ws.cand_key + i) : 0u;
+      pos[u] = i < n_cand ? __ldcg(ws.cand_pos + i) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kTkThreads + tid < n_cand && k[u] >= thr) {
+        const int c = pos[u] / kTopkChunk;
+        atomicAdd(k[u] > thr ? ws.cgt + c : ws.ceq + c, 1);
+      }
     }
   }
   __syncthreads();
@@ -474,12 +553,16 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
     *ws.ticket = 0;
     *ws.n_cand = 0;
   }
-  for (int i = tid; i < kTopkBins; i += kTkThreads) ws.hist[i] = 0;
+  for (int i = tid; i < kTopkBins; i += kTkThreads) {
+    ws.hist[i] = 0;
+    ws.hist2[i] = 0;
+  }
 }
 
 __global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p) {
   __shared__ typename TkScan::TempStorage scan_tmp;
   __shared__ uint32_t s_key[kTopkChunk + kTopkChunk / 32];  // padded: conflict-free row reads
+  dev::GridDependencyWait();  // thresholds and chunk offsets are written
   const int b = blockIdx.y, tid = threadIdx.x, chunk = blockIdx.x;
   const int64_t seq = p.seq_lens[b];
   int* out = p.indices + static_cast<int64_t>(b) * p.k;
@@ -532,10 +615,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p
     if (sel[j]) out[at++] = static_cast<int>(c0 + tid * kTkPerThread + j);
 }
 
-}  // namespace
-
-cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream) {
-  if (p.batch <= 0 || p.max_seq_len <= 0) return cudaSuccess;
+cudaError_t LaunchIndexer(const IndexerArgs& args, cudaStream_t stream) {
+  const DsaIndexerParams& p = args.p;
   if (p.index_heads <= 0 || p.index_heads > kIdxMaxHeads || p.index_heads % 8 != 0)
     return cudaErrorInvalidValue;
   int dev = 0, sms = 0;
@@ -543,12 +624,36 @@ cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
   // Two resident blocks per SM over the whole batch; each warp then loops over
-  // its tiles with the next one's loads in flight.
+  // its tiles with the next one's keys in flight.
   const int64_t blocks = (p.max_seq_len + kIdxTokensPerBlock - 1) / kIdxTokensPerBlock;
   const int64_t cap = std::max<int64_t>(1, (2 * static_cast<int64_t>(sms) + p.batch - 1) / p.batch);
   const dim3 grid(static_cast<unsigned>(std::min(blocks, cap)), p.batch);
-  DsaIndexerKernel<<<grid, kIdxThreads, 0, stream>>>(p);
+  DsaIndexerKernel<<<grid, kIdxThreads, 0, stream>>>(args);
   return cudaGetLastError();
+}
+
+// The second and third launches of the multi-block top-k, each allowed to
+// start while the previous kernel finishes.
+cudaError_t LaunchTopkResolve(const TopkParams& p, dim3 grid, cudaStream_t stream) {
+  cudaError_t err = dev::LaunchAfter(TopkCollectKernel, grid, dim3(kTkThreads), stream, p);
+  if (err != cudaSuccess) return err;
+  return dev::LaunchAfter(TopkWriteKernel, grid, dim3(kTkThreads), stream, p);
+}
+
+bool TopkGrid(const TopkParams& p, dim3& grid) {
+  const int64_t chunks = std::max<int64_t>(1, TopkChunks(p.score_stride));
+  if (chunks > 0x7FFFFFFF || p.batch > 65535) return false;
+  grid = dim3(static_cast<unsigned>(chunks), p.batch);
+  return true;
+}
+
+}  // namespace
+
+cudaError_t LaunchDsaIndexer(const DsaIndexerParams& p, cudaStream_t stream) {
+  if (p.batch <= 0 || p.max_seq_len <= 0) return cudaSuccess;
+  IndexerArgs args;
+  args.p = p;
+  return LaunchIndexer(args, stream);
 }
 
 cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream) {
@@ -558,17 +663,30 @@ cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream) {
     TopkKernel<<<p.batch, kTopkThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
-  const int64_t chunks = std::max<int64_t>(1, TopkChunks(p.score_stride));
-  if (chunks > 0x7FFFFFFF || p.batch > 65535) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(chunks), p.batch);
+  dim3 grid;
+  if (!TopkGrid(p, grid)) return cudaErrorInvalidValue;
   TopkHistKernel<<<grid, kTkThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  TopkCollectKernel<<<grid, kTkThreads, 0, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  TopkWriteKernel<<<grid, kTkThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchTopkResolve(p, grid, stream);
+}
+
+cudaError_t LaunchDsaIndexerTopk(const DsaIndexerParams& p, const TopkParams& t, cudaStream_t stream) {
+  if (t.workspace == nullptr || t.scores != p.scores || t.score_stride != p.score_stride ||
+      t.seq_lens != p.seq_lens || t.batch != p.batch || t.k <= 0 || t.k > 65535)
+    return cudaErrorInvalidValue;
+  if (p.batch <= 0) return cudaSuccess;
+  dim3 grid;
+  if (!TopkGrid(t, grid)) return cudaErrorInvalidValue;
+  if (p.max_seq_len > t.k) {  // otherwise nothing needs a score
+    IndexerArgs args;
+    args.p = p;
+    args.hist = static_cast<int*>(t.workspace);
+    args.k = t.k;
+    const cudaError_t err = LaunchIndexer(args, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return LaunchTopkResolve(t, grid, stream);
 }
 
 }  // namespace strata::cuda

@@ -71,7 +71,7 @@ struct TopkParams {
 
 inline constexpr int kTopkChunk = 2048;             // scores per block (multi-block path)
 inline constexpr int kTopkBins = 2048;              // first-level histogram (11 bits)
-inline constexpr int kTopkFrontInts = kTopkBins + 8;  // per request: histogram, counters
+inline constexpr int kTopkFrontInts = 2 * kTopkBins + 8;  // per request: two histograms, counters
 
 constexpr int64_t TopkChunks(int64_t score_stride) {
   return (score_stride + kTopkChunk - 1) / kTopkChunk;
@@ -83,12 +83,22 @@ inline size_t TopkWorkspaceBytes(int batch, int64_t score_stride) {
 }
 
 // With a workspace: three launches over chunks of 2048 scores (a histogram of
-// the top 11 key bits across all chunks, candidates of the threshold bin and
-// an exact select among them, then each chunk writes its positions at its
-// offset). Without: one block per request, a three-pass radix select (11 + 11 +
+// the top 11 key bits across all chunks; the candidates of the threshold bin
+// with a histogram of their next 11 bits, and an exact select among them;
+// then each chunk writes its positions at its offset). Without: one block per request, a three-pass radix select (11 + 11 +
 // 10 bits) of the threshold, then one ordered pass that writes the selection.
 // Both give the same result.
 cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream);
+
+// The indexer and the multi-block top-k of the same requests, with top-k's
+// first pass (the histogram) done by the indexer as it writes the scores: the
+// selection LaunchDsaIndexer then LaunchTopk would make, in three launches
+// instead of four, the last two allowed to start while the one before them
+// finishes. Requests with seq_len <= k are not scored (their rows of `scores`
+// are left as they were); every position is selected. REQUIRES: t.workspace
+// (see TopkParams), and t.scores, score_stride, seq_lens and batch equal to
+// p's; otherwise cudaErrorInvalidValue.
+cudaError_t LaunchDsaIndexerTopk(const DsaIndexerParams& p, const TopkParams& t, cudaStream_t stream);
 
 // The order top-k uses: larger key = preferred. Equal floats give equal keys;
 // -0 orders just below +0.

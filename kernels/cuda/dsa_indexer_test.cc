@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cuda/reference.h"
@@ -126,6 +127,34 @@ TEST_F(DsaTest, IndexerScoresAndSelection) {
         EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + static_cast<size_t>(b) * k))
             << "top-k differs, T " << lens[b];
       }
+
+      // The fused launch (histogram in the indexer, requests of T <= k not
+      // scored), twice on one workspace: the same scores where T > k and the
+      // same selection everywhere.
+      DeviceBuffer ws(TopkWorkspaceBytes(batch, max_len)), di(static_cast<size_t>(batch) * k * 4);
+      STRATA_CUDA_OK(cudaMemset(ws.as<void>(), 0, ws.bytes()));
+      for (int run = 0; run < 2; ++run) {
+        SCOPED_TRACE(::testing::Message() << "fused, run " << run << ", heads " << heads << " bf16 " << q_bf16);
+        dscores.Poison();
+        di.Poison(0x7E);
+        TopkParams t{dscores.as<float>(), max_len, dlens.as<int>(), batch, k, di.as<int>()};
+        t.workspace = ws.as<void>();
+        STRATA_CUDA_OK(LaunchDsaIndexerTopk(p, t, nullptr));
+        STRATA_CUDA_OK(cudaDeviceSynchronize());
+        std::vector<float> fused_scores(scores.size());
+        std::vector<int> fused(static_cast<size_t>(batch) * k);
+        dscores.Download(fused_scores.data(), fused_scores.size() * 4);
+        di.Download(fused.data(), fused.size() * 4);
+        EXPECT_TRUE(fused == got) << "fused selection differs";
+        for (int b = 0; b < batch; ++b) {
+          if (lens[b] <= k) continue;
+          EXPECT_EQ(0, std::memcmp(fused_scores.data() + b * max_len, scores.data() + b * max_len, lens[b] * 4))
+              << "fused scores differ, T " << lens[b];
+        }
+      }
+      TopkParams bad{dscores.as<float>(), max_len + 1, dlens.as<int>(), batch, k, di.as<int>()};
+      bad.workspace = ws.as<void>();
+      EXPECT_EQ(LaunchDsaIndexerTopk(p, bad, nullptr), cudaErrorInvalidValue);
     }
   }
 }

@@ -171,29 +171,58 @@ __device__ __forceinline__ void ConvertStage(Smem& sm, const RawStage& st, int k
 }
 
 // Loads the block's 64 query heads into shared memory as bf16 (zeros past
-// `heads`), latent in columns 0..511 and rope in 512..575, swizzled.
-__device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, int b, int h0) {
-  constexpr int kChunks = kRowDim / 8;  // 8 elements per chunk
-  for (int c = threadIdx.x; c < kHeadsPerBlock * kChunks; c += kThreads) {
-    const int row = c / kChunks, part = c % kChunks;
-    const int h = h0 + row;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (h < p.heads) {
-      const bool latent = part < kLatentDim / 8;
-      const int64_t base = latent ? (static_cast<int64_t>(b) * p.heads + h) * kLatentDim + part * 8
-                                  : (static_cast<int64_t>(b) * p.heads + h) * kRopeDim +
-                                        (part - kLatentDim / 8) * 8;
-      const void* src = latent ? p.q_abs : p.q_pe;
-      if (p.q_is_bf16) {
-        v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(src) + base);
-      } else {
-        const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(src) + base);
-        const float4 a = f[0], d = f[1];
-        v = make_uint4(dev::PackBf16x2(a.x, a.y), dev::PackBf16x2(a.z, a.w),
-                       dev::PackBf16x2(d.x, d.y), dev::PackBf16x2(d.z, d.w));
-      }
+// `heads`), latent in columns 0..511 and rope in 512..575, swizzled. Run by
+// the 256 math threads (t) while the producer starts on the cache: each
+// thread's 18 chunks of 8 elements go in two rounds of 9 loads in flight (a
+// loop of one load and one store per chunk waited a full memory round trip
+// per chunk, ~1 us each with the queries out of L2).
+__device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, int b, int h0, int t) {
+  constexpr int kChunks = kRowDim / 8;
+  constexpr int kPerThread = kHeadsPerBlock * kChunks / kMathThreads;
+  constexpr int kInFlight = 9;
+  static_assert(kHeadsPerBlock * kChunks % kMathThreads == 0 && kPerThread % kInFlight == 0,
+                "whole rounds of chunks");
+#pragma unroll
+  for (int round = 0; round < kPerThread / kInFlight; ++round) {
+    int64_t at[kInFlight];  // element offset in q_abs or q_pe; -1 past `heads`
+    bool latent[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int c = t + (round * kInFlight + i) * kMathThreads;
+      const int row = c / kChunks, part = c % kChunks;
+      const int64_t bh = static_cast<int64_t>(b) * p.heads + h0 + row;
+      latent[i] = part < kLatentDim / 8;
+      at[i] = h0 + row >= p.heads ? -1
+              : latent[i]         ? bh * kLatentDim + part * 8
+                                  : bh * kRopeDim + (part - kLatentDim / 8) * 8;
     }
-    *reinterpret_cast<uint4*>(sm.q[part >> 3] + wgmma::SwizzledChunk(row, part & 7)) = v;
+    uint4 v[kInFlight];
+    if (p.q_is_bf16) {
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        const auto* src = static_cast<const __nv_bfloat16*>(latent[i] ? p.q_abs : p.q_pe);
+        v[i] = at[i] >= 0 ? *reinterpret_cast<const uint4*>(src + at[i]) : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      float4 f[kInFlight][2];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        const auto* src = reinterpret_cast<const float4*>(
+            static_cast<const float*>(latent[i] ? p.q_abs : p.q_pe) + (at[i] >= 0 ? at[i] : 0));
+        f[i][0] = at[i] >= 0 ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+        f[i][1] = at[i] >= 0 ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i)
+        v[i] = make_uint4(dev::PackBf16x2(f[i][0].x, f[i][0].y), dev::PackBf16x2(f[i][0].z, f[i][0].w),
+                          dev::PackBf16x2(f[i][1].x, f[i][1].y), dev::PackBf16x2(f[i][1].z, f[i][1].w));
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int c = t + (round * kInFlight + i) * kMathThreads;
+      const int row = c / kChunks, part = c % kChunks;
+      *reinterpret_cast<uint4*>(sm.q[part >> 3] + wgmma::SwizzledChunk(row, part & 7)) = v[i];
+    }
   }
 }
 
@@ -253,6 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // (offset arithmetic keeps the shared address space visible to the compiler)
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (dev::SmemAddr(smem_raw) & 1023)) & 1023));
+  dev::LaunchDependents();  // the merge may be scheduled; it waits for this grid
 
   const int* w = p.work + 4 * blockIdx.x;
   const int b = w[0], split = w[1];
@@ -268,18 +298,18 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
     span.table = p.page_table + static_cast<int64_t>(p.page_row ? p.page_row[b] : b) * p.page_table_stride;
     span.indices = p.indices != nullptr ? p.indices + static_cast<int64_t>(b) * p.index_stride : nullptr;
   }
-  LoadQueries(p, sm, b, h0);
-  wgmma::FenceProxyAsync();
-  __syncthreads();
-
   // The producer needs few registers; the math warpgroups hold 128 f32
-  // accumulators of O each.
+  // accumulators of O each. The producer starts on the cache at once; the
+  // math warpgroups stage the queries meanwhile.
   if (threadIdx.x >= kMathThreads) {
     wgmma::RegDealloc<kProducerRegs>();
     Produce(p, sm, span);
     return;
   }
   wgmma::RegAlloc<kMathRegs>();
+  LoadQueries(p, sm, b, h0, threadIdx.x);
+  wgmma::FenceProxyAsync();
+  wgmma::BarSync(kBarExchange, kMathThreads);
 
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;  // math warpgroup, thread in it
   const int lane = threadIdx.x & 31;
@@ -446,6 +476,9 @@ __global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaD
   __shared__ float s_red[kMergeThreads / 32];
   __shared__ float4 s_acc[kMergeGroups - 1][kLatentDim / 4];
   __shared__ float s_l[kMergeGroups];
+  // Every block waits, also those with nothing to merge: the kernels after
+  // this one on the stream must find the split kernel finished.
+  dev::GridDependencyWait();
   const int b = blockIdx.x, h = blockIdx.y;
   const int first = p.split_offset[b], n = p.split_offset[b + 1] - first;
   if (n <= 1) return;  // written by the split kernel
@@ -566,8 +599,7 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   MlaDecodeSplitKernel<<<grid, kThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  MlaDecodeMergeKernel<<<dim3(p.batch, p.heads), kMergeThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return dev::LaunchAfter(MlaDecodeMergeKernel, dim3(p.batch, p.heads), dim3(kMergeThreads), stream, p);
 }
 
 }  // namespace strata::cuda

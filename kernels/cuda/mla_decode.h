@@ -93,7 +93,9 @@ struct MlaDecodePlan {
   int total_splits = 0;
 };
 
-// lengths[b]: seq_lens[b] for dense, index_stride for sparse (sparse = true).
+// lengths[b]: seq_lens[b] for dense; for sparse (sparse = true) the number of
+// leading entries of indices[b] to walk: index_stride, or fewer when the
+// entries after them are all < 0 (a selection of min(seq_len, k) positions).
 MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
                             const MlaSplitPolicy& policy, bool sparse = false);
 

@@ -237,7 +237,11 @@ absl::StatusOr<GpuStep> GpuEngine::Prepare(absl::Span<const GpuChunk> chunks, bo
       ints.insert(ints.end(), bp.dense.split_offset.begin(), bp.dense.split_offset.end());
       st.max_total_splits = std::max(st.max_total_splits, bp.dense.total_splits);
       if (c.has_dsa) {
-        const std::vector<int64_t> k64(n, c.index_topk);
+        // A row's selection holds min(length, k) positions, then -1s: the
+        // plan covers only those entries (a 512-token prefill at prefix 0
+        // would otherwise walk 2048 entries per row, 1536 of them empty).
+        std::vector<int64_t> k64(n);
+        for (int i = 0; i < n; ++i) k64[i] = std::min<int64_t>(l64[i], c.index_topk);
         bp.sparse = cuda::PlanMlaDecode(k64.data(), n, NH, policy, true);
         bp.sparse_at = ints.size();
         ints.insert(ints.end(), bp.sparse.work.begin(), bp.sparse.work.end());

@@ -55,65 +55,18 @@ absl::Status GpuEngine::Impl::Linear(const float* x, int rows, const gpu::DLinea
 absl::Status GpuEngine::Impl::Indexer(const GpuStep& st, int l, const float* x, const float* q_latent) {
   const gpu::DLayer& d = w->layers[l];
   const int rows = st.rows, IH = c.index_n_heads, ID = c.index_head_dim, R = c.qk_rope_head_dim;
-  RETURN_IF_ERROR(Reserve<float>(s.idx_q, int64_t{rows} * IH * ID));
+  // The new rows' keys go into the cache whatever the step's lengths.
   RETURN_IF_ERROR(Reserve<float>(s.idx_k, int64_t{rows} * ID));
-  RETURN_IF_ERROR(Reserve<float>(s.idx_w, int64_t{rows} * IH));
-  float* q = s.idx_q.as<float>();
   float* k = s.idx_k.as<float>();
-  float* hw = s.idx_w.as<float>();
-  RETURN_IF_ERROR(Linear(q_latent, rows, d.index_wq_b, q));
   RETURN_IF_ERROR(Linear(x, rows, d.index_wk, k));
-  RETURN_IF_ERROR(Linear(x, rows, d.index_weights_proj, hw));
-  const float head_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(IH)));
-  const float score_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ID)));
-  STRATA_CUDA_RETURN(cuda::LaunchScale(hw, int64_t{rows} * IH, head_scale, stream));
   STRATA_CUDA_RETURN(cuda::LaunchLayerNorm(k, d.index_k_norm_w.as<float>(), d.index_k_norm_b.as<float>(), rows, ID,
                                            ID, kIndexerNormEps, k, stream));
   STRATA_CUDA_RETURN(cuda::LaunchRope(k, rows, ID, 1, 0, R, st.positions, inv_freq.as<float>(), attention_factor,
                                       c.indexer_rope_interleave, stream));
-  STRATA_CUDA_RETURN(cuda::LaunchRope(q, rows, int64_t{IH} * ID, IH, ID, R, st.positions, inv_freq.as<float>(),
-                                      attention_factor, c.indexer_rope_interleave, stream));
   const cuda::RowPages where{st.positions, st.page_row, page_table.as<int>(), max_pages_per_seq};
   STRATA_CUDA_RETURN(cuda::LaunchAppendIndexKeys(k, ID, rows, where, index_layout, index_base(l), stream));
 
   const int64_t stride = st.max_len;
-  RETURN_IF_ERROR(Reserve<float>(s.scores, rows * stride));
-  if (tuned_indexer()) {
-    // ReLU(s * d) = s * ReLU(d) for s > 0: the score scale joins the weights.
-    STRATA_CUDA_RETURN(cuda::LaunchScale(hw, int64_t{rows} * IH, score_scale, stream));
-    cuda::DsaIndexerParams p;
-    p.q = q;
-    p.q_is_bf16 = false;
-    p.weights = hw;
-    p.batch = rows;
-    p.index_heads = IH;
-    p.pool = index_base(l);
-    p.page_table = page_table.as<int>();
-    p.page_table_stride = max_pages_per_seq;
-    p.page_row = st.page_row;
-    p.seq_lens = st.seq_lens_dev;
-    p.max_seq_len = st.max_len;
-    p.scores = s.scores.as<float>();
-    p.score_stride = stride;
-    STRATA_CUDA_RETURN(cuda::LaunchDsaIndexer(p, stream));
-  } else {
-    cuda::IndexerScoreParams p;
-    p.q = q;
-    p.weights = hw;
-    p.rows = rows;
-    p.heads = IH;
-    p.score_scale = score_scale;
-    p.layout = index_layout;
-    p.pool = index_base(l);
-    p.page_row = st.page_row;
-    p.page_table = page_table.as<int>();
-    p.page_table_stride = max_pages_per_seq;
-    p.seq_lens = st.seq_lens_dev;
-    p.max_seq_len = st.max_len;
-    p.scores = s.scores.as<float>();
-    p.score_stride = stride;
-    STRATA_CUDA_RETURN(cuda::LaunchIndexerScores(p, stream));
-  }
   RETURN_IF_ERROR(Reserve<int>(s.indices, int64_t{rows} * c.index_topk));
   if (topk_ws_rows != rows || topk_ws_stride != stride) {
     const size_t bytes = cuda::TopkWorkspaceBytes(rows, stride);
@@ -122,6 +75,7 @@ absl::Status GpuEngine::Impl::Indexer(const GpuStep& st, int l, const float* x, 
     topk_ws_rows = rows;
     topk_ws_stride = stride;
   }
+  RETURN_IF_ERROR(Reserve<float>(s.scores, rows * stride));
   cuda::TopkParams t;
   t.scores = s.scores.as<float>();
   t.score_stride = stride;
@@ -130,7 +84,60 @@ absl::Status GpuEngine::Impl::Indexer(const GpuStep& st, int l, const float* x, 
   t.k = c.index_topk;
   t.indices = s.indices.as<int>();
   t.workspace = s.topk_ws.get();
-  STRATA_CUDA_RETURN(cuda::LaunchTopk(t, stream));
+
+  if (st.max_len <= c.index_topk) {
+    // Every row selects all its positions: no queries, weights or scores.
+    STRATA_CUDA_RETURN(cuda::LaunchTopk(t, stream));
+  } else {
+    RETURN_IF_ERROR(Reserve<float>(s.idx_q, int64_t{rows} * IH * ID));
+    RETURN_IF_ERROR(Reserve<float>(s.idx_w, int64_t{rows} * IH));
+    float* q = s.idx_q.as<float>();
+    float* hw = s.idx_w.as<float>();
+    RETURN_IF_ERROR(Linear(q_latent, rows, d.index_wq_b, q));
+    RETURN_IF_ERROR(Linear(x, rows, d.index_weights_proj, hw));
+    const float head_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(IH)));
+    const float score_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ID)));
+    STRATA_CUDA_RETURN(cuda::LaunchScale(hw, int64_t{rows} * IH, head_scale, stream));
+    STRATA_CUDA_RETURN(cuda::LaunchRope(q, rows, int64_t{IH} * ID, IH, ID, R, st.positions, inv_freq.as<float>(),
+                                        attention_factor, c.indexer_rope_interleave, stream));
+    if (tuned_indexer()) {
+      // ReLU(s * d) = s * ReLU(d) for s > 0: the score scale joins the weights.
+      STRATA_CUDA_RETURN(cuda::LaunchScale(hw, int64_t{rows} * IH, score_scale, stream));
+      cuda::DsaIndexerParams p;
+      p.q = q;
+      p.q_is_bf16 = false;
+      p.weights = hw;
+      p.batch = rows;
+      p.index_heads = IH;
+      p.pool = index_base(l);
+      p.page_table = page_table.as<int>();
+      p.page_table_stride = max_pages_per_seq;
+      p.page_row = st.page_row;
+      p.seq_lens = st.seq_lens_dev;
+      p.max_seq_len = st.max_len;
+      p.scores = s.scores.as<float>();
+      p.score_stride = stride;
+      STRATA_CUDA_RETURN(cuda::LaunchDsaIndexerTopk(p, t, stream));
+    } else {
+      cuda::IndexerScoreParams p;
+      p.q = q;
+      p.weights = hw;
+      p.rows = rows;
+      p.heads = IH;
+      p.score_scale = score_scale;
+      p.layout = index_layout;
+      p.pool = index_base(l);
+      p.page_row = st.page_row;
+      p.page_table = page_table.as<int>();
+      p.page_table_stride = max_pages_per_seq;
+      p.seq_lens = st.seq_lens_dev;
+      p.max_seq_len = st.max_len;
+      p.scores = s.scores.as<float>();
+      p.score_stride = stride;
+      STRATA_CUDA_RETURN(cuda::LaunchIndexerScores(p, stream));
+      STRATA_CUDA_RETURN(cuda::LaunchTopk(t, stream));
+    }
+  }
   if (opt.record_selections) {
     selections.resize(num_local_layers());
     selections[l].resize(static_cast<size_t>(rows) * c.index_topk);
