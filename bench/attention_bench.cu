@@ -114,8 +114,12 @@ bool Selected(const std::string& name) { return g_case.empty() || name.find(g_ca
 // Dense (topk == 0) or sparse MLA decode for the given context lengths, timed
 // once per split policy in `min_tiles` (dense: min_tiles_per_split; sparse:
 // sparse_min_tiles_per_split) on the same data. `labels` name the variants.
+// cap_tiles >= 0 cuts every split to its first cap_tiles tiles (dense only):
+// the launch's cost with the same blocks, queries, partials and merge but
+// (almost) no cache rows, to separate a block's fixed cost from its rows.
 void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<int64_t>& lens,
-                 int topk, const std::vector<int>& min_tiles, const std::vector<std::string>& labels) {
+                 int topk, const std::vector<int>& min_tiles, const std::vector<std::string>& labels,
+                 int cap_tiles = -1) {
   if (!Selected(name)) return;
   const int batch = static_cast<int>(lens.size());
   const uint64_t seed = strata::cuda::testing::FreshSeed();
@@ -156,7 +160,16 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
     } else {
       pol.min_tiles_per_split = min_tiles[v];
     }
-    const sc::MlaDecodePlan plan = sc::PlanMlaDecode(plan_lens.data(), batch, kHeads, pol, topk > 0);
+    sc::MlaDecodePlan plan = sc::PlanMlaDecode(plan_lens.data(), batch, kHeads, pol, topk > 0);
+    double cut_rows = 0;
+    if (cap_tiles >= 0) {
+      for (int i = 0; i < plan.num_work; ++i) {
+        int* w = &plan.work[4 * i];
+        w[3] = std::min(w[3], w[2] + cap_tiles);
+        cut_rows += std::max<int64_t>(0, std::min<int64_t>(int64_t{w[3]} * 64, lens[w[0]]) - int64_t{w[2]} * 64);
+      }
+      rows = cut_rows;
+    }
     DeviceBuffer work(plan.work.size() * 4), offs(plan.split_offset.size() * 4);
     work.Upload(plan.work.data(), plan.work.size() * 4);
     offs.Upload(plan.split_offset.data(), plan.split_offset.size() * 4);
@@ -187,7 +200,12 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
     });
     char label[200];
     std::snprintf(label, sizeof label, "%s%s (%d splits)", name.c_str(), labels[v].c_str(), plan.total_splits);
-    Report(c, label, us, bytes, flops);
+    if (cap_tiles >= 0) {
+      Report(c, label, us, rows * (sc::kRowDim + 8) + batch * kHeads * (576.0 * 2 + 512 * 4 + 4),
+             rows * kHeads * (576.0 + 512.0) * 2);
+    } else {
+      Report(c, label, us, bytes, flops);
+    }
   }
 }
 
@@ -272,6 +290,9 @@ int main(int argc, char** argv) {
     if (quick && t > 128 * K) break;
     BenchDecode(c, "dense B=1 T=" + std::to_string(t / K) + "k", {t}, 0, {8}, {""});
   }
+  // A B=1 launch's fixed cost: the 32k case's 128 blocks cut to 0, 1 and 4 tiles each.
+  for (int cap : {0, 1, 4})
+    BenchDecode(c, "dense B=1 T=32k cut to " + std::to_string(cap) + " tiles/split", {32 * K}, 0, {8}, {""}, cap);
   BenchDecode(c, "dense B=64 T=8k", std::vector<int64_t>(64, 8 * K), 0, {8, 32}, {"", " min32tiles"});
   {
     std::vector<int64_t> mixed;

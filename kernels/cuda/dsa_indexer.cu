@@ -562,27 +562,36 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
 __global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p) {
   __shared__ typename TkScan::TempStorage scan_tmp;
   __shared__ uint32_t s_key[kTopkChunk + kTopkChunk / 32];  // padded: conflict-free row reads
-  dev::GridDependencyWait();  // thresholds and chunk offsets are written
   const int b = blockIdx.y, tid = threadIdx.x, chunk = blockIdx.x;
   const int64_t seq = p.seq_lens[b];
+  const int64_t c0 = static_cast<int64_t>(chunk) * kTopkChunk;
+  // The scores are final before the collect kernel starts (it waits for the
+  // kernel before it), so they are read before this kernel's wait.
+  const bool active = seq > p.k && c0 < seq;
+  const int n = active ? static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk) : 0;
+  const float* sc = p.scores + b * p.score_stride + c0;
+  float v[kTkPerThread];
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    v[j] = i < n ? sc[i] : 0.0f;
+  }
+  dev::GridDependencyWait();  // thresholds and chunk offsets are written
   int* out = p.indices + static_cast<int64_t>(b) * p.k;
   if (seq <= p.k) {
     if (chunk == 0)
       for (int i = tid; i < p.k; i += kTkThreads) out[i] = i < seq ? i : -1;
     return;
   }
-  const int64_t c0 = static_cast<int64_t>(chunk) * kTopkChunk;
-  if (c0 >= seq) return;
+  if (!active) return;
   const TopkWs ws = WsFor(p, b);
   const uint32_t thr = static_cast<uint32_t>(ws.thr_rem[0]);
   const int rem = ws.thr_rem[1];
   const int sel_before = ws.sel_before[chunk], eq_before = ws.eq_before[chunk];
-  const float* sc = p.scores + b * p.score_stride + c0;
-  const int n = static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk);
 #pragma unroll
   for (int j = 0; j < kTkPerThread; ++j) {
     const int i = tid + j * kTkThreads;
-    s_key[i + (i >> 5)] = i < n ? DevTopkKey(sc[i]) : 0u;
+    s_key[i + (i >> 5)] = i < n ? DevTopkKey(v[j]) : 0u;
   }
   __syncthreads();
   // Thread t owns positions 8t .. 8t + 7 of the chunk.

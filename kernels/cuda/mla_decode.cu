@@ -307,6 +307,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
     return;
   }
   wgmma::RegAlloc<kMathRegs>();
+  // Where this split's result goes (loaded now, used after the last stage).
+  const int slot = p.split_offset[b] + split;
+  const bool single = p.split_offset[b + 1] - p.split_offset[b] == 1;
   LoadQueries(p, sm, b, h0, threadIdx.x);
   wgmma::FenceProxyAsync();
   wgmma::BarSync(kBarExchange, kMathThreads);
@@ -439,8 +442,6 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
     l_tot[i] = l_run[i] + __shfl_xor_sync(0xffffffffu, l_run[i], 1);
     l_tot[i] = l_tot[i] + __shfl_xor_sync(0xffffffffu, l_tot[i], 2);
   }
-  const int slot = p.split_offset[b] + split;
-  const bool single = p.split_offset[b + 1] - p.split_offset[b] == 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int h = h0 + row0 + 8 * i;
@@ -466,12 +467,15 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
 }
 
 // One block per (request, head): four groups of 128 threads, each thread 4
-// dims. Group g accumulates splits g, g + 4, ... (four loads in flight per
-// thread), then the groups are added in a fixed order, so the bits depend on
-// the request's splits only.
+// dims. Group g accumulates splits g, g + 4, ... in that order, kUnroll
+// splits' loads in flight per thread, then the groups are added in a fixed
+// order, so the bits depend on the request's splits only (not on kUnroll).
+// kUnroll 16 reads 64 splits in one round trip but needs 120 registers (one
+// block per SM); kUnroll 4 fits three blocks per SM, which large batches need.
 constexpr int kMergeGroups = 4;
 constexpr int kMergeThreads = kMergeGroups * kLatentDim / 4;
 
+template <int kUnroll>
 __global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaDecodeParams p) {
   __shared__ float s_red[kMergeThreads / 32];
   __shared__ float4 s_acc[kMergeGroups - 1][kLatentDim / 4];
@@ -503,7 +507,6 @@ __global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaD
   const float4* o = reinterpret_cast<const float4*>(
       p.o_partial + (static_cast<int64_t>(first) * p.heads + h) * kLatentDim) + col;
   const int64_t o_step = static_cast<int64_t>(p.heads) * (kLatentDim / 4);
-  constexpr int kUnroll = 4;
   for (int s0 = grp; s0 < n; s0 += kMergeGroups * kUnroll) {
     float wgt[kUnroll], ls[kUnroll];
     float4 v[kUnroll];
@@ -591,15 +594,23 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.num_work <= 0) return cudaSuccess;
   if (p.heads <= 0) return cudaErrorInvalidValue;
   const size_t smem = kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(MlaDecodeSplitKernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(MlaDecodeSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_work, (p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
   MlaDecodeSplitKernel<<<grid, kThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return dev::LaunchAfter(MlaDecodeMergeKernel, dim3(p.batch, p.heads), dim3(kMergeThreads), stream, p);
+  // Few merge blocks (B = 1): each one's latency counts, so many loads in
+  // flight; many blocks: occupancy counts.
+  const dim3 merge_grid(p.batch, p.heads);
+  if (static_cast<int64_t>(p.batch) * p.heads <= 2 * sms)
+    return dev::LaunchAfter(MlaDecodeMergeKernel<16>, merge_grid, dim3(kMergeThreads), stream, p);
+  return dev::LaunchAfter(MlaDecodeMergeKernel<4>, merge_grid, dim3(kMergeThreads), stream, p);
 }
 
 }  // namespace strata::cuda
