@@ -173,9 +173,7 @@ __device__ __forceinline__ void ConvertStage(Smem& sm, const RawStage& st, int k
 // Loads the block's 64 query heads into shared memory as bf16 (zeros past
 // `heads`), latent in columns 0..511 and rope in 512..575, swizzled. Run by
 // the 256 math threads (t) while the producer starts on the cache: each
-// thread's 18 chunks of 8 elements go in two rounds of 9 loads in flight (a
-// loop of one load and one store per chunk waited a full memory round trip
-// per chunk, ~1 us each with the queries out of L2).
+// thread's 18 chunks of 8 elements go in two rounds of 9 loads in flight.
 __device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, int b, int h0, int t) {
   constexpr int kChunks = kRowDim / 8;
   constexpr int kPerThread = kHeadsPerBlock * kChunks / kMathThreads;
