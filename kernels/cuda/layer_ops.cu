@@ -2,6 +2,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/device_util.cuh"
 
 namespace strata::cuda {
@@ -33,6 +35,68 @@ __global__ void EmbedKernel(const void* table, bool bf16, const int* tokens, int
     out[static_cast<int64_t>(r) * hidden + i] =
         bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(table)[base + i])
              : static_cast<const float*>(table)[base + i];
+  }
+}
+
+// The same sum with warp shuffles, then the warps' sums in a fixed order (a
+// lane's butterfly partners are the same pairs in either order, so every lane
+// holds the same bits). Two barriers instead of nine.
+__device__ double BlockSumShfl(double v, double* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double total = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += smem[w];
+  __syncthreads();
+  return total;
+}
+
+// RMSNorm of rows whose length, stride and pointers allow 16-byte access: each
+// thread keeps up to kNormVec float4 of its row in registers, all loaded at
+// once (one memory round trip where the scalar loop below waited for one per
+// element it read), and writes the output from them. Rows longer than
+// kNormVec * 1024 elements are read again for the output. Same arithmetic as
+// RmsNormKernel (squares summed in double; out = w * (x * inv)).
+constexpr int kNormVec = 8;
+
+__global__ void RmsNormVecKernel(const float* x, const float* w, int n, int64_t stride, double eps, float* out) {
+  __shared__ double red[kThreads / 32];
+  const float4* xr = reinterpret_cast<const float4*>(x + blockIdx.x * stride);
+  float4* o = reinterpret_cast<float4*>(out + blockIdx.x * stride);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  const int n4 = n / 4;
+  constexpr int kChunk = kNormVec * kThreads;
+  const bool held = n4 <= kChunk;
+  float4 v[kNormVec];
+  double ss = 0;
+  for (int base = 0; base < n4; base += kChunk) {
+#pragma unroll
+    for (int j = 0; j < kNormVec; ++j) {
+      const int i = base + j * kThreads + static_cast<int>(threadIdx.x);
+      v[j] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kNormVec; ++j) {
+      ss += static_cast<double>(v[j].x) * v[j].x;
+      ss += static_cast<double>(v[j].y) * v[j].y;
+      ss += static_cast<double>(v[j].z) * v[j].z;
+      ss += static_cast<double>(v[j].w) * v[j].w;
+    }
+  }
+  ss = BlockSumShfl(ss, red);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+  for (int base = 0; base < n4; base += kChunk) {
+#pragma unroll
+    for (int j = 0; j < kNormVec; ++j) {
+      const int i = base + j * kThreads + static_cast<int>(threadIdx.x);
+      if (i < n4) {
+        const float4 a = held ? v[j] : xr[i];
+        const float4 g = w4[i];
+        o[i] = make_float4(g.x * (a.x * inv), g.y * (a.y * inv), g.z * (a.z * inv), g.w * (a.w * inv));
+      }
+    }
   }
 }
 
@@ -69,20 +133,49 @@ __global__ void LayerNormKernel(const float* x, const float* w, const float* b, 
 __global__ void RopeKernel(float* x, int64_t row_stride, int heads, int64_t head_stride, int dim,
                            const int64_t* positions, const float* inv_freq, float attention_factor,
                            bool interleave) {
+  // The angles depend on the position and the pair only: their cos and sin
+  // (in double, as on the CPU) are computed once per row, not once per head.
+  extern __shared__ float rope_cs[];  // [dim / 2] cos, then [dim / 2] sin
   const int r = blockIdx.x;
   const int half = dim / 2;
   const float p = static_cast<float>(positions[r]);
-  for (int t = threadIdx.x; t < heads * half; t += blockDim.x) {
-    const int h = t / half, i = t % half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = inv_freq[i] * p;
-    const float cs = static_cast<float>(cos(static_cast<double>(angle))) * attention_factor;
-    const float sn = static_cast<float>(sin(static_cast<double>(angle))) * attention_factor;
-    float* base = x + r * row_stride + h * head_stride;
-    float* a = interleave ? base + 2 * i : base + i;
-    float* b = interleave ? base + 2 * i + 1 : base + i + half;
-    const float x0 = *a, x1 = *b;
-    *a = x0 * cs - x1 * sn;
-    *b = x1 * cs + x0 * sn;
+    rope_cs[i] = static_cast<float>(cos(static_cast<double>(angle))) * attention_factor;
+    rope_cs[half + i] = static_cast<float>(sin(static_cast<double>(angle))) * attention_factor;
+  }
+  __syncthreads();
+  // Eight pairs per thread are loaded before any is written: the compiler
+  // cannot move a later pair's loads above an earlier pair's stores (same
+  // array), so a plain loop waited one memory round trip per pair.
+  constexpr int kPairs = 8;
+  const int total = heads * half;
+  for (int t0 = threadIdx.x; t0 < total; t0 += kPairs * blockDim.x) {
+    float* a[kPairs];
+    float* b[kPairs];
+    float x0[kPairs], x1[kPairs];
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int t = t0 + k * blockDim.x;
+      const int h = t / half, i = t % half;
+      float* base = x + r * row_stride + static_cast<int64_t>(h) * head_stride;
+      a[k] = interleave ? base + 2 * i : base + i;
+      b[k] = interleave ? base + 2 * i + 1 : base + i + half;
+      if (t < total) {
+        x0[k] = *a[k];
+        x1[k] = *b[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int t = t0 + k * blockDim.x;
+      if (t >= total) continue;
+      const int i = t % half;
+      const float cs = rope_cs[i];
+      const float sn = rope_cs[half + i];
+      *a[k] = x0[k] * cs - x1[k] * sn;
+      *b[k] = x1[k] * cs + x0[k] * sn;
+    }
   }
 }
 
@@ -518,7 +611,12 @@ cudaError_t LaunchEmbed(const void* table, bool table_bf16, const int* tokens, i
 cudaError_t LaunchRmsNorm(const float* x, const float* w, int rows, int n, int64_t stride, double eps, float* out,
                           cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, w, n, stride, eps, out);
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  if (n % 4 == 0 && stride % 4 == 0 && aligned(x) && aligned(w) && aligned(out)) {
+    RmsNormVecKernel<<<rows, kThreads, 0, stream>>>(x, w, n, stride, eps, out);
+  } else {
+    RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, w, n, stride, eps, out);
+  }
   return cudaGetLastError();
 }
 
@@ -533,8 +631,9 @@ cudaError_t LaunchRope(float* x, int rows, int64_t row_stride, int heads, int64_
                        const int64_t* positions, const float* inv_freq, float attention_factor, bool interleave,
                        cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  RopeKernel<<<rows, kThreads, 0, stream>>>(x, row_stride, heads, head_stride, dim, positions, inv_freq,
-                                            attention_factor, interleave);
+  if (dim <= 0 || dim % 2 != 0 || dim > 8192) return cudaErrorInvalidValue;
+  RopeKernel<<<rows, kThreads, dim * sizeof(float), stream>>>(x, row_stride, heads, head_stride, dim, positions,
+                                                              inv_freq, attention_factor, interleave);
   return cudaGetLastError();
 }
 

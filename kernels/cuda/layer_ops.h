@@ -66,7 +66,8 @@ cudaError_t LaunchLayerNorm(const float* x, const float* w, const float* b, int 
 // Rotates `dim` values at x + r*row_stride + h*head_stride for every row r
 // and head h < heads, at position positions[r]: interleaved pairs (2i, 2i+1)
 // or halves (i, i + dim/2); cos and sin of the f32 angle inv_freq[i]*pos are
-// taken in f64 and scaled by attention_factor, as the CPU does.
+// taken in f64 and scaled by attention_factor, as the CPU does. REQUIRES:
+// dim even and at most 8192 (else cudaErrorInvalidValue).
 cudaError_t LaunchRope(float* x, int rows, int64_t row_stride, int heads, int64_t head_stride, int dim,
                        const int64_t* positions, const float* inv_freq, float attention_factor,
                        bool interleave, cudaStream_t stream);

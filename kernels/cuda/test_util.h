@@ -83,9 +83,8 @@ class Rng {
   uint64_t s_;
 };
 
-// A fresh seed for every run (printed by the tests so a failure can be replayed).
-// A new seed per call; STRATA_TEST_SEED=N makes every call return N, to
-// replay a failure whose seed a test printed.
+// A fresh seed for every call (the tests print it); STRATA_TEST_SEED=N makes
+// every call return N, to replay a failure whose seed a test printed.
 inline uint64_t FreshSeed() {
   if (const char* fixed = std::getenv("STRATA_TEST_SEED"); fixed != nullptr && *fixed != '\0')
     return std::strtoull(fixed, nullptr, 10);
