@@ -31,6 +31,9 @@ struct Inputs {
   bool q_exact = true;       // queries representable in bf16 (else the kernel rounds them)
   std::vector<int> indices;  // sparse: batch * index_stride, else empty
   int64_t index_stride = 0;
+  // Sparse: plan min(length, index_stride) entries per request, as the GPU
+  // engine does (a selection of a short context ends in -1s), not all of them.
+  bool plan_short_selections = false;
   double softmax_scale = 0;
 };
 
@@ -83,7 +86,10 @@ class MlaDecodeTest : public ::testing::Test {
     DeviceBuffer idx(std::max<size_t>(4, in.indices.size() * 4));
     if (!in.indices.empty()) idx.Upload(in.indices.data(), in.indices.size() * 4);
     std::vector<int64_t> plan_lens(batch);
-    for (int b = 0; b < batch; ++b) plan_lens[b] = in.indices.empty() ? in.lens[b] : in.index_stride;
+    for (int b = 0; b < batch; ++b)
+      plan_lens[b] = in.indices.empty()           ? in.lens[b]
+                     : in.plan_short_selections ? std::min(in.lens[b], in.index_stride)
+                                                : in.index_stride;
     const MlaDecodePlan plan = PlanMlaDecode(plan_lens.data(), batch, in.heads, policy_, !in.indices.empty());
     DeviceBuffer work(plan.work.size() * 4), offs(plan.split_offset.size() * 4);
     work.Upload(plan.work.data(), plan.work.size() * 4);
@@ -297,9 +303,13 @@ TEST_F(MlaDecodeTest, SparseSelectionsIncludingMaskedEntries) {
     in.indices.insert(in.indices.end(), sel.begin(), sel.end());
   }
   for (int tiles_per_split : {1, 2, 8}) {  // 32, 16 and 4 splits of k = 2048
-    SCOPED_TRACE(::testing::Message() << "sparse tiles per split " << tiles_per_split);
-    policy_.sparse_min_tiles_per_split = tiles_per_split;
-    RunAndCheck(in, 8);
+    for (bool short_plan : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "sparse tiles per split " << tiles_per_split << ", short plan "
+                                        << short_plan);
+      policy_.sparse_min_tiles_per_split = tiles_per_split;
+      in.plan_short_selections = short_plan;
+      RunAndCheck(in, 8);
+    }
   }
 }
 
