@@ -150,8 +150,9 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
   DeviceBuffer out(static_cast<size_t>(batch) * kHeads * 512 * 4), lse(static_cast<size_t>(batch) * kHeads * 4);
   double rows = 0;
   for (int b = 0; b < batch; ++b) rows += topk > 0 ? std::min<int64_t>(topk, lens[b]) : lens[b];
-  const double bytes = rows * (sc::kRowDim + 8) + batch * kHeads * (576.0 * 2 + 512 * 4 + 4);
-  const double flops = rows * kHeads * (576.0 + 512.0) * 2;
+  // Bytes: the cache rows read, queries in, outputs out; FLOPs of Q.K and P.V.
+  auto bytes_of = [&](double r) { return r * (sc::kRowDim + 8) + batch * kHeads * (576.0 * 2 + 512 * 4 + 4); };
+  auto flops_of = [](double r) { return r * kHeads * (576.0 + 512.0) * 2; };
   for (size_t v = 0; v < min_tiles.size(); ++v) {
     sc::MlaSplitPolicy pol;
     pol.num_sms = g_sms;
@@ -161,14 +162,13 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
       pol.min_tiles_per_split = min_tiles[v];
     }
     sc::MlaDecodePlan plan = sc::PlanMlaDecode(plan_lens.data(), batch, kHeads, pol, topk > 0);
-    double cut_rows = 0;
     if (cap_tiles >= 0) {
+      rows = 0;
       for (int i = 0; i < plan.num_work; ++i) {
         int* w = &plan.work[4 * i];
         w[3] = std::min(w[3], w[2] + cap_tiles);
-        cut_rows += std::max<int64_t>(0, std::min<int64_t>(int64_t{w[3]} * 64, lens[w[0]]) - int64_t{w[2]} * 64);
+        rows += std::max<int64_t>(0, std::min<int64_t>(int64_t{w[3]} * 64, lens[w[0]]) - int64_t{w[2]} * 64);
       }
-      rows = cut_rows;
     }
     DeviceBuffer work(plan.work.size() * 4), offs(plan.split_offset.size() * 4);
     work.Upload(plan.work.data(), plan.work.size() * 4);
@@ -200,12 +200,7 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
     });
     char label[200];
     std::snprintf(label, sizeof label, "%s%s (%d splits)", name.c_str(), labels[v].c_str(), plan.total_splits);
-    if (cap_tiles >= 0) {
-      Report(c, label, us, rows * (sc::kRowDim + 8) + batch * kHeads * (576.0 * 2 + 512 * 4 + 4),
-             rows * kHeads * (576.0 + 512.0) * 2);
-    } else {
-      Report(c, label, us, bytes, flops);
-    }
+    Report(c, label, us, bytes_of(rows), flops_of(rows));
   }
 }
 

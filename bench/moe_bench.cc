@@ -87,7 +87,7 @@ int main() {
   CHECK_CUDA(cudaMalloc(&x16, size_t{max_n} * kHidden * 2));
   CHECK_CUDA(cudaMalloc(&act16, size_t{max_n} * kInter * 2));
   CHECK_CUDA(cudaMalloc(&ids, max_n * 4));
-  CHECK_CUDA(cudaMalloc(&idx, (max_n + 2 * (kExperts + 1)) * 4));
+  CHECK_CUDA(cudaMalloc(&idx, strata::cuda::MoeIndexInts(kExperts, max_n) * 4));
   CHECK_CUDA(strata::cuda::LaunchFillUniform(x, false, size_t{max_rows} * kHidden, 3, 0.0f, 1.0f, nullptr));
   CHECK_CUDA(strata::cuda::LaunchFillUniform(x16, true, size_t{max_n} * kHidden, 4, 0.0f, 1.0f, nullptr));
   CHECK_CUDA(strata::cuda::LaunchFillUniform(act16, true, size_t{max_n} * kInter, 5, 0.0f, 1.0f, nullptr));
@@ -120,9 +120,7 @@ int main() {
     p.expert_ids = ids;
     p.rows = rows;
     p.k = kTopK;
-    p.offsets = idx;
-    p.used = idx + kExperts + 1;
-    p.list = idx + 2 * (kExperts + 1);
+    strata::cuda::SetMoeIndexWorkspace(p, idx);
     p.act = act;
     p.y = y;
     const double gemv = TimeUs([&] { return strata::cuda::LaunchMoeGemv(p, nullptr) == cudaSuccess; });

@@ -34,6 +34,15 @@ __device__ __forceinline__ uint32_t DevTopkKey(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Adds a block's shared histogram of kTopkBins bins into a global one, one
+// atomic per non-empty bin. Call after a barrier that ends the counting.
+__device__ __forceinline__ void AddHistogram(const int* block_hist, int* global_hist) {
+  for (int i = threadIdx.x; i < kTopkBins; i += blockDim.x) {
+    const int cnt = block_hist[i];
+    if (cnt != 0) atomicAdd(&global_hist[i], cnt);
+  }
+}
+
 // Raw key bytes and scale of rows g and g + 8 of one 16-token tile, as loaded
 // (NaN codes and unusable scales are cleared at use, so that the loads of the
 // next tile stay in flight while this one is scored).
@@ -195,11 +204,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
   }
   if (!fused) return;
   __syncthreads();
-  int* gh = args.hist + static_cast<int64_t>(b) * kTopkFrontInts;
-  for (int i = tid; i < kTopkBins; i += kIdxThreads) {
-    const int cnt = hist_s[i];
-    if (cnt != 0) atomicAdd(&gh[i], cnt);
-  }
+  AddHistogram(hist_s, args.hist + static_cast<int64_t>(b) * kTopkFrontInts);
 }
 
 // ---- top-k --------------------------------------------------------------------
@@ -407,11 +412,7 @@ __global__ void __launch_bounds__(kTkThreads) TopkHistKernel(const TopkParams p)
   for (int j = 0; j < kTkPerThread; ++j)
     if (tid + j * kTkThreads < n) atomicAdd(&hist[DevTopkKey(v[j]) >> 21], 1);
   __syncthreads();
-  int* gh = WsFor(p, b).hist;
-  for (int i = tid; i < kTopkBins; i += kTkThreads) {
-    const int cnt = hist[i];
-    if (cnt != 0) atomicAdd(&gh[i], cnt);
-  }
+  AddHistogram(hist, WsFor(p, b).hist);
 }
 
 __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams p) {
@@ -469,10 +470,7 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
     }
   }
   __syncthreads();
-  for (int i = tid; i < kTopkBins; i += kTkThreads) {
-    const int cnt = hist[i];
-    if (cnt != 0) atomicAdd(&ws.hist2[i], cnt);
-  }
+  AddHistogram(hist, ws.hist2);
 
   // The last block of the request resolves the threshold.
   __threadfence();

@@ -15,15 +15,18 @@ unsigned Blocks(int64_t n, int per_block = kThreads) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
-// Sum of one double per thread over the block (blockDim.x == kThreads).
-__device__ double BlockSum(double v, double* smem) {
-  smem[threadIdx.x] = v;
+// Sum of one double per thread over the block (blockDim.x == kThreads):
+// warp shuffles, then the warps' sums in a fixed order (a lane's butterfly
+// partners are the same pairs in either order, so every lane holds the same
+// bits).
+__device__ double BlockSum(double v, double* smem /* [kThreads / 32] */) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
   __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) smem[threadIdx.x] += smem[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double total = smem[0];
+  double total = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += smem[w];
   __syncthreads();
   return total;
 }
@@ -36,21 +39,6 @@ __global__ void EmbedKernel(const void* table, bool bf16, const int* tokens, int
         bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(table)[base + i])
              : static_cast<const float*>(table)[base + i];
   }
-}
-
-// The same sum with warp shuffles, then the warps' sums in a fixed order (a
-// lane's butterfly partners are the same pairs in either order, so every lane
-// holds the same bits). Two barriers instead of nine.
-__device__ double BlockSumShfl(double v, double* smem) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double total = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += smem[w];
-  __syncthreads();
-  return total;
 }
 
 // RMSNorm of rows whose length, stride and pointers allow 16-byte access: each
@@ -85,7 +73,7 @@ __global__ void RmsNormVecKernel(const float* x, const float* w, int n, int64_t 
       ss += static_cast<double>(v[j].w) * v[j].w;
     }
   }
-  ss = BlockSumShfl(ss, red);
+  ss = BlockSum(ss, red);
   const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
   for (int base = 0; base < n4; base += kChunk) {
 #pragma unroll
@@ -101,7 +89,7 @@ __global__ void RmsNormVecKernel(const float* x, const float* w, int n, int64_t 
 }
 
 __global__ void RmsNormKernel(const float* x, const float* w, int n, int64_t stride, double eps, float* out) {
-  __shared__ double red[kThreads];
+  __shared__ double red[kThreads / 32];
   const float* xr = x + blockIdx.x * stride;
   float* o = out + blockIdx.x * stride;
   double ss = 0;
@@ -113,7 +101,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, int n, int64_t str
 
 __global__ void LayerNormKernel(const float* x, const float* w, const float* b, int n, int64_t stride,
                                 double eps, float* out) {
-  __shared__ double red[kThreads];
+  __shared__ double red[kThreads / 32];
   const float* xr = x + blockIdx.x * stride;
   float* o = out + blockIdx.x * stride;
   double s = 0;

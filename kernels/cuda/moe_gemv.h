@@ -42,6 +42,15 @@ struct MoeGemvParams {
 // The largest rows * k the list kernel takes (one block).
 inline constexpr int kMoeGemvMaxEntries = 4096;
 
+// offsets, used and list can share one int buffer of MoeIndexInts ints.
+inline int64_t MoeIndexInts(int experts, int64_t entries) { return entries + 2 * (int64_t{experts} + 1); }
+// Points p.offsets, p.used and p.list into `ws` (p.experts must be set).
+inline void SetMoeIndexWorkspace(MoeGemvParams& p, int* ws) {
+  p.offsets = ws;
+  p.used = ws + p.experts + 1;
+  p.list = ws + 2 * (p.experts + 1);
+}
+
 // REQUIRES: hidden % 8 == 0, inter % 8 == 0, rows * k <= kMoeGemvMaxEntries,
 // experts <= 1024.
 cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream);

@@ -368,7 +368,7 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
       shared = s.shared_out.as<float>();
     }
     const int n = rows * K, inter = d.experts[0].gate_up.out / 2;
-    RETURN_IF_ERROR(Reserve<int>(s.moe_idx, int64_t{n} + 2 * (E + 1)));
+    RETURN_IF_ERROR(Reserve<int>(s.moe_idx, cuda::MoeIndexInts(E, n)));
     RETURN_IF_ERROR(Reserve<float>(s.moe_in, int64_t{n} * inter));
     RETURN_IF_ERROR(Reserve<float>(s.expert_out, int64_t{n} * H));
     const void* const* tables = expert_tables[l].as<const void*>();
@@ -383,9 +383,7 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
     mp.expert_ids = s.moe_ids.as<int>();
     mp.rows = rows;
     mp.k = K;
-    mp.offsets = s.moe_idx.as<int>();
-    mp.used = s.moe_idx.as<int>() + E + 1;
-    mp.list = s.moe_idx.as<int>() + 2 * (E + 1);
+    cuda::SetMoeIndexWorkspace(mp, s.moe_idx.as<int>());
     mp.act = s.moe_in.as<float>();
     mp.y = s.expert_out.as<float>();
     STRATA_CUDA_RETURN(path == MoePath::kGemv ? cuda::LaunchMoeGemv(mp, stream) : cuda::LaunchMoeGemm(mp, stream));
