@@ -8,13 +8,17 @@
 // of 512 prompt tokens after a prefix of 0, 4k or 32k tokens, per layer,
 // next to its FLOPs (dense GEMMs plus absorbed attention).
 //
-//   strata_gpu_e2e_bench [--dsa]   (--dsa: DeepSeek-V3.2 with the indexer,
-//                                   top-2048 sparse attention)
+//   strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N]
+//     --dsa: DeepSeek-V3.2 with the indexer, top-2048 sparse attention;
+//     --split-bf16-rows: GpuEngineOptions::split_bf16_max_rows (0: every
+//     GEMM input rounded to bf16).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -34,7 +38,24 @@ constexpr const char* kV32Dir = "bench/synthetic/deepseek-v32-3l";
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool dsa = argc > 1 && std::strcmp(argv[1], "--dsa") == 0;
+  bool dsa = false;
+  int split_rows = strata::GpuEngineOptions().split_bf16_max_rows;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--dsa") == 0) {
+      dsa = true;
+    } else if (std::strncmp(argv[i], "--split-bf16-rows=", 18) == 0) {
+      char* end = nullptr;
+      const long v = std::strtol(argv[i] + 18, &end, 10);
+      if (end == argv[i] + 18 || *end != '\0' || v < 0 || v > INT32_MAX) {
+        std::fprintf(stderr, "--split-bf16-rows: expected a row count, got '%s'\n", argv[i] + 18);
+        return 2;
+      }
+      split_rows = static_cast<int>(v);
+    } else {
+      std::fprintf(stderr, "usage: strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N]\n");
+      return 2;
+    }
+  }
   auto config = strata::LoadModelConfig(dsa ? kV32Dir : kV3Dir);  // (run from the tree's root)
   if (!config.ok()) {
     std::fprintf(stderr, "config: %s\n", config.status().ToString().c_str());
@@ -48,6 +69,8 @@ int main(int argc, char** argv) {
   strata::GpuEngineOptions opt;
   opt.kv_cache_bytes = int64_t{14} << 30;
   opt.profile_layers = true;
+  opt.split_bf16_max_rows = split_rows;
+  std::printf("GEMM inputs of steps of at most %d rows split into hi + lo bf16\n", split_rows);
   const auto t0 = std::chrono::steady_clock::now();
   auto engine = strata::GpuEngine::CreateSynthetic(c, opt, 20261129);
   if (!engine.ok()) {

@@ -97,6 +97,11 @@ TEST(CliUpTest, GpuFlagsAreCheckedAndAMissingGpuIsExplained) {
   EXPECT_EQ(Strata("up --device tpu").code, 2);
   EXPECT_EQ(Strata("up --gpu-kv-bytes 1000000").code, 2);
   EXPECT_EQ(Strata("up --gpu-gemm f32").code, 2);
+  const RunResult gemm = Strata(std::string("up --device gpu --gpu-gemm bf17 --model ") + STRATA_SOURCE_DIR +
+                                    "/models/demo",
+                                /*keep_stderr=*/true);
+  EXPECT_EQ(gemm.code, 2);
+  EXPECT_NE(gemm.out.find("--gpu-gemm must be bf16, bf16-rounded or f32"), std::string::npos) << gemm.out;
   const RunResult syn = Strata(std::string("up --synthetic-weights 7 --model ") + STRATA_SOURCE_DIR + "/models/demo",
                                /*keep_stderr=*/true);
   EXPECT_EQ(syn.code, 2);

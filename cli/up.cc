@@ -139,7 +139,9 @@ int Up(const std::vector<std::string>& args) {
   flags.Declare("worker-threads", "engine threads per worker (default 1)");
   flags.Declare("device", "where workers run their layers: cpu (default) or gpu (every worker on GPU 0)");
   flags.Declare("gpu-kv-bytes", "with --device gpu: KV bytes each worker reserves on the GPU (default 1073741824)");
-  flags.Declare("gpu-gemm", "with --device gpu: bf16 (default) or f32 GEMMs (a test mode matching the CPU engine)");
+  flags.Declare("gpu-gemm", "with --device gpu: bf16 (default; f32 inputs enter as hi + lo bf16 terms), "
+                            "bf16-rounded (inputs rounded to bf16: faster prefill, less exact) or f32 "
+                            "(a test mode matching the CPU engine)");
   flags.Declare("synthetic-weights", "with --device gpu: generate the weights on the GPU from this seed instead of "
                                      "reading them (--model then needs only config.json)");
   flags.Declare("placement", "manual placement, e.g. 0-1:w0,2-3:w1");
@@ -172,6 +174,10 @@ int Up(const std::vector<std::string>& args) {
   const bool gpu = device == "gpu";
   if (!gpu && (flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm") || flags.Has("synthetic-weights"))) {
     return Fail("--gpu-kv-bytes, --gpu-gemm and --synthetic-weights need --device gpu", 2);
+  }
+  const std::string gemm = flags.Get("gpu-gemm", "bf16");
+  if (gemm != "bf16" && gemm != "bf16-rounded" && gemm != "f32") {
+    return Fail("--gpu-gemm must be bf16, bf16-rounded or f32, not '" + gemm + "'", 2);
   }
   const std::string kv_bin = FindBinary(bin_dir, "strata-kvstore", "kvstore");
   if (coord_bin.empty() || worker_bin.empty()) {
@@ -233,7 +239,7 @@ int Up(const std::vector<std::string>& args) {
                                       absl::StrCat(*threads)};
     if (gpu) {
       wargs.insert(wargs.end(), {"--device", "gpu", "--gpu-kv-bytes", flags.Get("gpu-kv-bytes", "1073741824"),
-                                 "--gpu-gemm", flags.Get("gpu-gemm", "bf16")});
+                                 "--gpu-gemm", gemm});
     }
     pid_t pid = Spawn(wargs, open("/dev/null", O_WRONLY));
     g_children.push_back({"strata-worker " + name, pid});

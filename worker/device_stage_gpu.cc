@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   o.kv_cache_bytes = options.kv_cache_bytes;
   o.device = options.device;
   o.f32_gemm = options.f32_gemm;
+  if (options.round_gemm_inputs) o.split_bf16_max_rows = 0;
   std::unique_ptr<GpuEngine> engine;
   if (options.synthetic_seed.has_value()) {
     ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));

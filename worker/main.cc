@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
   flags.Declare("device", "where the layers run: cpu (default) or gpu (docs/gpu-engine.md)");
   flags.Declare("gpu", "with --device gpu: the CUDA device index (default 0)");
   flags.Declare("gpu-kv-bytes", "with --device gpu: device bytes reserved for the KV cache (default 4294967296)");
-  flags.Declare("gpu-gemm", "with --device gpu: bf16 (default) or f32 GEMMs (a test mode matching the CPU engine)");
+  flags.Declare("gpu-gemm", "with --device gpu: bf16 (default; f32 inputs enter as hi + lo bf16 terms), "
+                            "bf16-rounded (inputs rounded to bf16: faster prefill, less exact) or f32 "
+                            "(a test mode matching the CPU engine)");
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
   if (flags.Has("help")) {
@@ -85,8 +87,11 @@ int main(int argc, char** argv) {
     return Usage("--gpu, --gpu-kv-bytes and --gpu-gemm need --device gpu", flags);
   }
   const std::string gemm = flags.Get("gpu-gemm", "bf16");
-  if (gemm != "bf16" && gemm != "f32") return Usage("--gpu-gemm must be bf16 or f32, not '" + gemm + "'", flags);
+  if (gemm != "bf16" && gemm != "bf16-rounded" && gemm != "f32") {
+    return Usage("--gpu-gemm must be bf16, bf16-rounded or f32, not '" + gemm + "'", flags);
+  }
   ho.gpu_options.f32_gemm = gemm == "f32";
+  ho.gpu_options.round_gemm_inputs = gemm == "bf16-rounded";
   ho.gpu_options.device = static_cast<int>(*gpu_index);
   ho.gpu_options.kv_cache_bytes = *kv_bytes;
   auto host = std::make_unique<strata::worker::StageHost>(ho);

@@ -185,7 +185,7 @@ absl::Status GemmRunner::Run(const GemmArgs& a, cudaStream_t stream) {
   if (algo != nullptr) {
     Layouts l;
     if (!MakeLayouts(a, a.m, &l)) return absl::InternalError("cuBLASLt layout creation failed");
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
     cublasStatus_t s = cublasLtMatmul(im.handle, l.op, &alpha, a.w, l.a, a.x, l.b, &beta, a.y, l.c, a.y, l.c, algo,
                                       im.workspace, kWorkspaceBytes, stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && !batch_invariant_ && algo_m != a.m) {

@@ -3,6 +3,7 @@
 //
 //   y[b][i][j] = sum_l x[b][i][l] * W[b](j, l)      i < m, j < n, l < k
 //
+// (or y += that sum when GemmArgs::accumulate)
 // with x, y row-major ([m][k], [m][n], leading dimensions ldx, ldy) and W
 // either [n][k] row-major (a Linear weight, W(j,l) = w[j*ldw + l]) or [k][n]
 // (W(j,l) = w[l*ldw + j]); b < batch with element strides between batches.

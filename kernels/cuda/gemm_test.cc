@@ -98,5 +98,51 @@ TEST(GemmRunnerTest, EveryRowCountIsRightAndRowClassesShareAQuery) {
   EXPECT_EQ((*runner)->fallback_calls(), 0);
 }
 
+// accumulate: y += x W^T on top of what y holds, through cuBLASLt and
+// through the plain kernel, for a decode-sized and a prefill-sized m.
+TEST(GemmRunnerTest, AccumulateAddsToTheOutput) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = FreshSeed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const Problem p = MakeProblem(/*max_m=*/300, /*n=*/256, /*k=*/384, seed);
+  DeviceBuffer x(p.x.size() * 2), w(p.w.size() * 2), y(static_cast<size_t>(p.max_m) * p.n * 4);
+  x.Upload(p.x.data(), p.x.size() * 2);
+  w.Upload(p.w.data(), p.w.size() * 2);
+  auto runner = GemmRunner::Create(/*batch_invariant=*/false);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  Rng rng(seed + 1);
+  for (int m : {3, 300}) {
+    std::vector<float> y0(static_cast<size_t>(m) * p.n);
+    for (float& v : y0) v = rng.Normal();
+    for (bool plain : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << m << (plain ? " plain kernel" : " cuBLASLt"));
+      y.Upload(y0.data(), y0.size() * 4);
+      GemmArgs a;
+      a.m = m;
+      a.n = p.n;
+      a.k = p.k;
+      a.x = x.as<void>();
+      a.ldx = p.k;
+      a.w = w.as<void>();
+      a.ldw = p.k;
+      a.y = y.as<float>();
+      a.ldy = p.n;
+      a.accumulate = true;
+      if (plain) {
+        ASSERT_EQ(LaunchPlainGemm(a, nullptr), cudaSuccess);
+      } else {
+        ASSERT_TRUE((*runner)->Run(a, nullptr).ok());
+      }
+      std::vector<float> out(y0.size());
+      y.Download(out.data(), out.size() * 4);
+      for (size_t e = 0; e < out.size(); ++e) out[e] -= y0[e];  // exact enough: see the bound
+      // The product's own error (~k 2^-24 of its magnitude) plus one f32
+      // rounding of the sum and one of the subtraction, each ~2^-24 |y0|:
+      // |y0| ~ 1 and the products' magnitudes ~ 1 too, so 1e-4 holds.
+      EXPECT_LT(WorstError(p, m, out), 1e-4);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::cuda

@@ -195,6 +195,35 @@ __global__ void ToBf16Kernel(const float* x, int64_t n, __nv_bfloat16* out) {
   if (i < n) out[i] = __float2bfloat16_rn(x[i]);
 }
 
+// Row r = b * m + i of the (batch, m, k) view: hi rows at out[b][i], lo rows
+// at out[b][m + i].
+__global__ void SplitBf16Kernel(const float* x, int m, int k, int64_t ldx, int64_t stride_x, int64_t total,
+                                __nv_bfloat16* out) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= total) return;
+  const int64_t r = e / k;
+  const int l = static_cast<int>(e - r * k);
+  const int64_t b = r / m;
+  const int i = static_cast<int>(r - b * m);
+  const float v = x[b * stride_x + i * ldx + l];
+  const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+  __nv_bfloat16* o = out + (b * 2 * m + i) * k + l;
+  o[0] = hi;
+  o[static_cast<int64_t>(m) * k] = __float2bfloat16_rn(v - __bfloat162float(hi));  // v - hi is exact
+}
+
+__global__ void AddSplitHalvesKernel(const float* y2, int m, int n, int64_t ldy, int64_t stride_y, int64_t total,
+                                     float* y) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= total) return;
+  const int64_t r = e / n;
+  const int j = static_cast<int>(e - r * n);
+  const int64_t b = r / m;
+  const int i = static_cast<int>(r - b * m);
+  const float* h = y2 + (b * 2 * m + i) * n + j;
+  y[b * stride_y + i * ldy + j] = h[0] + h[static_cast<int64_t>(m) * n];
+}
+
 __global__ void GatherRowsKernel(const float* src, const int* idx, int cols, float* dst) {
   const int r = blockIdx.y;
   const int64_t s = static_cast<int64_t>(idx[r]) * cols;
@@ -582,7 +611,8 @@ __global__ void PlainGemmKernel(GemmArgs a) {
     }
     acc = fmaf(xv, wv, acc);
   }
-  a.y[b * a.stride_y + static_cast<int64_t>(i) * a.ldy + j] = acc;
+  float& y = a.y[b * a.stride_y + static_cast<int64_t>(i) * a.ldy + j];
+  y = a.accumulate ? y + acc : acc;
 }
 
 unsigned GridFor(int64_t n) { return static_cast<unsigned>(n < 1 ? 1 : (n > 65535 * 4 ? 65535 * 4 : n)); }
@@ -654,6 +684,23 @@ cudaError_t LaunchScale(float* x, int64_t n, float s, cudaStream_t stream) {
 cudaError_t LaunchToBf16(const float* x, int64_t n, void* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ToBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSplitBf16(const float* x, int batch, int m, int k, int64_t ldx, int64_t stride_x, void* out,
+                            cudaStream_t stream) {
+  const int64_t total = int64_t{batch} * m * k;
+  if (total <= 0) return cudaSuccess;
+  SplitBf16Kernel<<<Blocks(total), kThreads, 0, stream>>>(x, m, k, ldx, stride_x, total,
+                                                          static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddSplitHalves(const float* y2, int batch, int m, int n, float* y, int64_t ldy, int64_t stride_y,
+                                 cudaStream_t stream) {
+  const int64_t total = int64_t{batch} * m * n;
+  if (total <= 0) return cudaSuccess;
+  AddSplitHalvesKernel<<<Blocks(total), kThreads, 0, stream>>>(y2, m, n, ldy, stride_y, total, y);
   return cudaGetLastError();
 }
 

@@ -89,6 +89,19 @@ cudaError_t LaunchScale(float* x, int64_t n, float s, cudaStream_t stream);
 // Round-to-nearest bf16 copy of n floats (out is __nv_bfloat16[n]).
 cudaError_t LaunchToBf16(const float* x, int64_t n, void* out, cudaStream_t stream);
 
+// GEMM inputs as two bf16 terms. For b < batch, i < m, l < k with
+// v = x[b * stride_x + i * ldx + l]: out[b][i][l] = bf16(v) (hi) and
+// out[b][m + i][l] = bf16(v - hi) (lo); out is __nv_bfloat16[batch][2m][k].
+// hi + lo is v to a relative 2^-16, so a bf16 GEMM over the 2m rows whose
+// halves LaunchAddSplitHalves then adds computes with the f32 inputs.
+cudaError_t LaunchSplitBf16(const float* x, int batch, int m, int k, int64_t ldx, int64_t stride_x, void* out,
+                            cudaStream_t stream);
+
+// y[b * stride_y + i * ldy + j] = y2[b][i][j] + y2[b][m + i][j] for
+// y2 = float[batch][2m][n] (the product of LaunchSplitBf16's rows).
+cudaError_t LaunchAddSplitHalves(const float* y2, int batch, int m, int n, float* y, int64_t ldy, int64_t stride_y,
+                                 cudaStream_t stream);
+
 // dst[i] = src[idx[i]] (rows of `cols` floats).
 cudaError_t LaunchGatherRows(const float* src, const int* idx, int n, int cols, float* dst,
                              cudaStream_t stream);
@@ -207,6 +220,7 @@ struct GemmArgs {
   int64_t ldy = 0;
   int batch = 1;
   int64_t stride_x = 0, stride_w = 0, stride_y = 0;  // elements between batches
+  bool accumulate = false;  // y += x W^T instead of y = x W^T
 };
 
 // The plain GEMM kernel: one thread per output, f32 accumulation in k order.

@@ -2,7 +2,7 @@
 // rows: the vectorised RMSNorm (rows held in registers, and rows longer than
 // that read twice), the scalar one it falls back to (odd lengths, unaligned
 // rows), in place and not; rope on many heads, interleaved and not, leaving
-// the rest of each head untouched.
+// the rest of each head untouched; the hi + lo bf16 split of GEMM inputs.
 #include "kernels/cuda/layer_ops.h"
 
 #include <gtest/gtest.h>
@@ -142,6 +142,60 @@ TEST_F(LayerOpsTest, RopeMatchesTheCpu) {
   }
   DeviceBuffer dx(64);
   EXPECT_EQ(LaunchRope(dx.as<float>(), 1, 8, 1, 8, 7, nullptr, nullptr, 1.0f, false, nullptr), cudaErrorInvalidValue);
+}
+
+// GEMM inputs as hi + lo bf16 rows, from a strided batch (gaps between rows
+// and batches that must not be read into the output), and the sum of the
+// product's two halves back into a strided output.
+TEST_F(LayerOpsTest, SplitBf16AndAddHalves) {
+  testing::Rng rng(seed_ + 2);
+  const int batch = 3, m = 5, k = 37, n = 29;
+  const int64_t ldx = 40, stride_x = m * ldx + 3, ldy = 31, stride_y = m * ldy + 2;
+  std::vector<float> x(batch * stride_x);
+  for (float& v : x) v = rng.Normal() * std::exp2(static_cast<float>(static_cast<int>(rng.Uniform() * 40) - 20));
+  DeviceBuffer dx(x.size() * 4), dout(static_cast<size_t>(batch) * 2 * m * k * 2);
+  dx.Upload(x.data(), x.size() * 4);
+  ASSERT_EQ(LaunchSplitBf16(dx.as<float>(), batch, m, k, ldx, stride_x, dout.as<void>(), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> got(static_cast<size_t>(batch) * 2 * m * k);
+  dout.Download(got.data(), got.size() * 2);
+  int64_t bad_hi = 0, bad_lo = 0;
+  double worst = 0;  // |hi + lo - v| / |v| in units of 2^-16 (|v - hi| <= 2^-8 |v|, lo rounds that)
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < m; ++i)
+      for (int l = 0; l < k; ++l) {
+        const float v = x[b * stride_x + i * ldx + l];
+        const uint16_t hi = got[(static_cast<size_t>(b) * 2 * m + i) * k + l];
+        const uint16_t lo = got[(static_cast<size_t>(b) * 2 * m + m + i) * k + l];
+        bad_hi += hi != testing::ToBf16Bits(v);
+        bad_lo += lo != testing::ToBf16Bits(v - testing::FromBf16Bits(hi));
+        const double sum = double{testing::FromBf16Bits(hi)} + testing::FromBf16Bits(lo);
+        if (v != 0) worst = std::max(worst, std::fabs(sum - v) / std::fabs(double{v}) * 0x1.0p16);
+      }
+  std::printf("hi + lo vs the f32 input: worst relative error %.3f x 2^-16\n", worst);
+  EXPECT_EQ(bad_hi, 0);
+  EXPECT_EQ(bad_lo, 0);
+  EXPECT_LE(worst, 1.0);
+
+  std::vector<float> y2(static_cast<size_t>(batch) * 2 * m * n), y(batch * stride_y);
+  for (float& v : y2) v = rng.Normal();
+  for (float& v : y) v = rng.Normal();
+  DeviceBuffer dy2(y2.size() * 4), dy(y.size() * 4);
+  dy2.Upload(y2.data(), y2.size() * 4);
+  dy.Upload(y.data(), y.size() * 4);
+  ASSERT_EQ(LaunchAddSplitHalves(dy2.as<float>(), batch, m, n, dy.as<float>(), ldy, stride_y, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> ygot(y.size());
+  dy.Download(ygot.data(), ygot.size() * 4);
+  std::vector<float> want = y;  // gaps keep their values
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j)
+        want[b * stride_y + i * ldy + j] = y2[(static_cast<size_t>(b) * 2 * m + i) * n + j] +
+                                           y2[(static_cast<size_t>(b) * 2 * m + m + i) * n + j];
+  int64_t bad = 0;
+  for (size_t e = 0; e < y.size(); ++e) bad += ygot[e] != want[e];
+  EXPECT_EQ(bad, 0);
 }
 
 }  // namespace

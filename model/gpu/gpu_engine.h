@@ -41,6 +41,12 @@ struct GpuEngineOptions {
   // Every GEMM uses the algorithm cuBLASLt picks for one row (bit-identical
   // rows whatever the batch; slower from 32 rows on, bench/RESULTS.md).
   bool batch_invariant_gemm = false;
+  // bf16 GEMMs of at most this many rows take their f32 inputs as two bf16
+  // terms (hi + lo rows, twice the rows for the same weights), so that
+  // rounding the inputs does not move the logits; 0 rounds every input to
+  // bf16 (faster prefill). The batch-invariant mode always rounds (a row's
+  // bits must not depend on the step's size). docs/gpu-engine.md, "Accuracy".
+  int split_bf16_max_rows = INT32_MAX;
   // Layers owned: [layer_begin, layer_end); -1 = num_layers.
   int layer_begin = 0;
   int layer_end = -1;

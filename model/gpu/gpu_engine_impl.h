@@ -81,7 +81,7 @@ struct GpuEngine::Impl {
 
   // Scratch, grown on demand.
   struct Scratch {
-    gpu::DeviceBuffer hidden, xn, delta, q, q_latent, kv, q_abs, q_pe, o_lat, lse, ctx, bf16;
+    gpu::DeviceBuffer hidden, xn, delta, q, q_latent, kv, q_abs, q_pe, o_lat, lse, ctx, bf16, split_y;
     gpu::DeviceBuffer idx_q, idx_k, idx_w, scores, topk_ws, indices, partial, ml;
     gpu::DeviceBuffer step_ints, mlp_g, mlp_act, moe_logits, moe_ids, moe_w, moe_in, moe_out,
         expert_out, shared_out, moe_idx, logits, last_rows, upload, argmax, sample_rows, sample_logprobs;

@@ -16,6 +16,9 @@ namespace strata {
 namespace {
 constexpr double kLatentNormEps = 1e-6;   // q_a_layernorm, kv_a_layernorm
 constexpr double kIndexerNormEps = 1e-6;  // indexer k_norm
+// Split bf16 GEMM inputs: up to this many rows the hi and lo rows share one
+// GEMM (weight-bound steps); above it two GEMMs, the second accumulating.
+constexpr int kSplitStackedRows = 64;
 
 template <typename T>
 absl::Status Reserve(gpu::DeviceBuffer& b, int64_t n) {
@@ -25,8 +28,38 @@ absl::Status Reserve(gpu::DeviceBuffer& b, int64_t n) {
 
 absl::Status GpuEngine::Impl::Gemm(const cuda::GemmArgs& in) {
   cuda::GemmArgs a = in;
+  if (a.type == cuda::GemmType::kBF16 && a.m <= opt.split_bf16_max_rows && !opt.batch_invariant_gemm) {
+    // The f32 inputs as hi + lo bf16 rows (cuda::LaunchSplitBf16), so their
+    // rounding does not reach y.
+    RETURN_IF_ERROR(s.bf16.Reserve(static_cast<size_t>(a.batch) * 2 * a.m * a.k * 2));
+    STRATA_CUDA_RETURN(cuda::LaunchSplitBf16(static_cast<const float*>(a.x), a.batch, a.m, a.k, a.ldx, a.stride_x,
+                                             s.bf16.get(), stream));
+    cuda::GemmArgs two = a;
+    two.x = s.bf16.get();
+    two.ldx = a.k;
+    two.stride_x = int64_t{2} * a.m * a.k;
+    if (a.m <= kSplitStackedRows && !a.accumulate) {
+      // Small steps read the weights once for the 2m rows as for m: one
+      // GEMM, then the halves of its product are added.
+      RETURN_IF_ERROR(s.split_y.Reserve(static_cast<size_t>(a.batch) * 2 * a.m * a.n * sizeof(float)));
+      two.m = 2 * a.m;
+      two.y = s.split_y.as<float>();
+      two.ldy = a.n;
+      two.stride_y = int64_t{2} * a.m * a.n;
+      RETURN_IF_ERROR(gemm->Run(two, stream));
+      STRATA_CUDA_RETURN(
+          cuda::LaunchAddSplitHalves(s.split_y.as<float>(), a.batch, a.m, a.n, a.y, a.ldy, a.stride_y, stream));
+      return absl::OkStatus();
+    }
+    // Larger ones are bound by the products, not the weights: y (+)= W hi,
+    // then y += W lo (no scratch as large as y).
+    RETURN_IF_ERROR(gemm->Run(two, stream));
+    two.x = static_cast<const char*>(s.bf16.get()) + int64_t{a.m} * a.k * 2;  // the lo rows
+    two.accumulate = true;
+    return gemm->Run(two, stream);
+  }
   if (a.type == cuda::GemmType::kBF16) {
-    // x is f32 here: the whole span the GEMM reads is converted.
+    // x is f32 here: the whole span the GEMM reads is converted (rounded).
     const int64_t span = (a.batch - 1) * a.stride_x + (a.m - 1) * a.ldx + a.k;
     RETURN_IF_ERROR(s.bf16.Reserve(static_cast<size_t>(span) * 2));
     STRATA_CUDA_RETURN(cuda::LaunchToBf16(static_cast<const float*>(a.x), span, s.bf16.get(), stream));
