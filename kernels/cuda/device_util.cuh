@@ -64,9 +64,14 @@ __device__ inline float QuantizeRowWarp(const float* x, int n, uint8_t* codes, i
 }
 
 // Clears every byte of w that holds a NaN code (0x7F / 0xFF), so that NaN
-// codes decode to 0 as the CPU table does.
+// codes decode to 0 as the CPU table does. A byte is a NaN code when its low
+// seven bits are all ones, so adding 1 to them sets its bit 7 exactly then
+// (no carry leaves the byte); prmt's sign mode spreads each bit 7 over its
+// byte.
 __device__ __forceinline__ uint32_t ClearNanCodes(uint32_t w) {
-  const uint32_t nan_bytes = __vcmpeq4(w & 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  const uint32_t t = (w & 0x7F7F7F7Fu) + 0x01010101u;
+  uint32_t nan_bytes;
+  asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(nan_bytes) : "r"(t));
   return w & ~nan_bytes;
 }
 

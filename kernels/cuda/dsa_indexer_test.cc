@@ -64,7 +64,8 @@ TEST_F(DsaTest, IndexerScoresAndSelection) {
                                             ? std::vector<int64_t>{131072, 1, 4097}
                                             : std::vector<int64_t>{63, 64, 65, 2048, 2049, 4095};
       const int batch = static_cast<int>(lens.size());
-      const ref::PagedKv keys = ref::MakeRandomIndexKeys(lens, seed_ + heads + q_bf16, 16);
+      ref::PagedKv keys = ref::MakeRandomIndexKeys(lens, seed_ + heads + q_bf16, 16);
+      if (heads == 32) ref::SprinkleNanCodes(&keys, kIndexPageBytes, kIndexPageScaleOffset, 50, seed_ + 9);
       std::vector<float> q(static_cast<size_t>(batch) * heads * kIndexDim), w(static_cast<size_t>(batch) * heads);
       for (float& x : q) x = testing::FromBf16Bits(testing::ToBf16Bits(rng.Normal()));
       for (float& x : w) x = rng.Normal() * 0.1f;

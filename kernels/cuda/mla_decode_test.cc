@@ -35,6 +35,7 @@ struct Inputs {
   // engine does (a selection of a short context ends in -1s), not all of them.
   bool plan_short_selections = false;
   double softmax_scale = 0;
+  bool nan_codes = false;    // some cache codes are NaN codes (read as 0)
 };
 
 struct Outputs {
@@ -173,7 +174,8 @@ class MlaDecodeTest : public ::testing::Test {
   }
 
   void RunAndCheck(const Inputs& in, int sampled) {
-    const ref::PagedKv kv = ref::MakeRandomKv(in.lens, seed_, kThreads);
+    ref::PagedKv kv = ref::MakeRandomKv(in.lens, seed_, kThreads);
+    if (in.nan_codes) ref::SprinkleNanCodes(&kv, kPageBytes, kPageScaleOffset, 50, seed_ + 5);
     MakeQueries(in, seed_ + 1);
     const Outputs o = Run(kv, in);
     if (in.q_exact) {
@@ -246,6 +248,7 @@ TEST_F(MlaDecodeTest, MixedBatchesOfThree) {
     for (int i = 0; i < 3; ++i) in.lens.push_back(kLens[rng.Below(6)]);
     in.softmax_scale = ScaleFor();
     in.q_bf16 = heads != 64;  // one f32-query case
+    in.nan_codes = true;
     RunAndCheck(in, 16);
   }
 }

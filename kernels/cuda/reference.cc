@@ -101,6 +101,15 @@ PagedKv MakeRandomKv(const std::vector<int64_t>& lens, uint64_t seed, int thread
   return kv;
 }
 
+void SprinkleNanCodes(PagedKv* kv, size_t page_bytes, size_t code_bytes, int one_in, uint64_t seed) {
+  testing::Rng rng(seed);
+  for (int64_t p = 0; p < kv->n_pages; ++p) {
+    uint8_t* page = kv->pool.data() + static_cast<size_t>(p) * page_bytes;
+    for (size_t i = 0; i < code_bytes; ++i)
+      if (rng.Below(one_in) == 0) page[i] = rng.Below(2) ? 0x7F : 0xFF;
+  }
+}
+
 PagedKv MakeRandomIndexKeys(const std::vector<int64_t>& lens, uint64_t seed, int threads) {
   testing::Rng rng(seed);
   PagedKv kv = LayoutPages(lens, kIndexPageBytes, rng);

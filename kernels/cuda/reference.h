@@ -4,6 +4,7 @@
 #ifndef STRATA_KERNELS_CUDA_REFERENCE_H_
 #define STRATA_KERNELS_CUDA_REFERENCE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,11 @@ PagedKv MakeRandomKv(const std::vector<int64_t>& lens, uint64_t seed, int thread
 
 // Same for DSA indexer keys (dsa_indexer.h index pages), 128-d keys.
 PagedKv MakeRandomIndexKeys(const std::vector<int64_t>& lens, uint64_t seed, int threads);
+
+// Overwrites about one code in `one_in` of the first `code_bytes` of every
+// page with a NaN code (0x7F or 0xFF), which the kernels and the references
+// read as 0 (fp8::Decode). Scales are left alone.
+void SprinkleNanCodes(PagedKv* kv, size_t page_bytes, size_t code_bytes, int one_in, uint64_t seed);
 
 // Attention of one request for a list of heads. q_abs: [heads_total][512],
 // q_pe: [heads_total][64] (the values the kernel sees), `entries`: positions
