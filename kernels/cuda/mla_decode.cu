@@ -34,6 +34,7 @@ constexpr int kKvBlockBytes = kStageRows * 128;
 constexpr int kKvStages = 2;
 constexpr int kRawStages = 3;
 constexpr int kRawStride = kLatentDim + 16;   // bytes; conflict-free conversion reads
+constexpr int kRawRopeStride = kRopeDim + 16; // (at 64 bytes, 8 rows' reads hit two bank groups)
 // Contraction steps of 16 columns: math warpgroup w takes the 16 latent steps
 // of blocks 4w .. 4w + 3 and rope steps 2w, 2w + 1 (of 4), so that both run
 // the same instructions on offsets known at compile time.
@@ -55,7 +56,7 @@ static_assert(kProducerRegs * kProducerThreads + kMathRegs * kMathThreads <= kTh
 
 struct RawStage {
   uint8_t latent[kStageRows][kRawStride];
-  uint8_t rope[kStageRows][kRopeDim];
+  uint8_t rope[kStageRows][kRawRopeStride];
   float scale[kStageRows][2];
   int page[kStageRows];                 // pool page of each row, -1 when masked
   int slot[kStageRows];
@@ -110,7 +111,7 @@ __device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st
                      page + kPageLatentOffset + slot0 * kLatentDim + c * 16, true);
     }
     if (pt < kStageRows * 4)
-      dev::CpAsync16(&st.rope[0][0] + pt * 16, page + kPageRopeOffset + slot0 * kRopeDim + pt * 16,
+      dev::CpAsync16(&st.rope[pt >> 2][(pt & 3) * 16], page + kPageRopeOffset + slot0 * kRopeDim + pt * 16,
                      true);
     if (pt < kStageRows)
       dev::CpAsync8(&st.scale[pt][0], page + kPageScaleOffset + (slot0 + pt) * 8, true);
