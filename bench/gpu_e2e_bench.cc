@@ -8,10 +8,11 @@
 // of 512 prompt tokens after a prefix of 0, 4k or 32k tokens, per layer,
 // next to its FLOPs (dense GEMMs plus absorbed attention).
 //
-//   strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N]
+//   strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv]
 //     --dsa: DeepSeek-V3.2 with the indexer, top-2048 sparse attention;
 //     --split-bf16-rows: GpuEngineOptions::split_bf16_max_rows (0: every
-//     GEMM input rounded to bf16).
+//     GEMM input rounded to bf16); --no-small-gemv: steps of <= 4 rows use
+//     cuBLASLt too (GpuEngineOptions::small_step_gemv).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -40,9 +41,12 @@ constexpr const char* kV32Dir = "bench/synthetic/deepseek-v32-3l";
 int main(int argc, char** argv) {
   bool dsa = false;
   int split_rows = strata::GpuEngineOptions().split_bf16_max_rows;
+  bool small_gemv = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--dsa") == 0) {
       dsa = true;
+    } else if (std::strcmp(argv[i], "--no-small-gemv") == 0) {
+      small_gemv = false;
     } else if (std::strncmp(argv[i], "--split-bf16-rows=", 18) == 0) {
       char* end = nullptr;
       const long v = std::strtol(argv[i] + 18, &end, 10);
@@ -52,7 +56,7 @@ int main(int argc, char** argv) {
       }
       split_rows = static_cast<int>(v);
     } else {
-      std::fprintf(stderr, "usage: strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N]\n");
+      std::fprintf(stderr, "usage: strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv]\n");
       return 2;
     }
   }
@@ -70,7 +74,9 @@ int main(int argc, char** argv) {
   opt.kv_cache_bytes = int64_t{14} << 30;
   opt.profile_layers = true;
   opt.split_bf16_max_rows = split_rows;
-  std::printf("GEMM inputs of steps of at most %d rows split into hi + lo bf16\n", split_rows);
+  opt.small_step_gemv = small_gemv;
+  std::printf("GEMM inputs of steps of at most %d rows split into hi + lo bf16; steps of <= 4 rows %s\n", split_rows,
+              small_gemv ? "on the matrix-vector kernels" : "through cuBLASLt");
   const auto t0 = std::chrono::steady_clock::now();
   auto engine = strata::GpuEngine::CreateSynthetic(c, opt, 20261129);
   if (!engine.ok()) {

@@ -47,6 +47,11 @@ struct GpuEngineOptions {
   // bf16 (faster prefill). The batch-invariant mode always rounds (a row's
   // bits must not depend on the step's size). docs/gpu-engine.md, "Accuracy".
   int split_bf16_max_rows = INT32_MAX;
+  // bf16 GEMMs of steps of at most cuda::kSmallGemmMaxRows (4) rows run as
+  // matrix-vector kernels on the f32 inputs (cuda::LaunchSmallGemm): no
+  // conversion, nothing rounded, each weight read once. Not in the
+  // batch-invariant mode.
+  bool small_step_gemv = true;
   // Layers owned: [layer_begin, layer_end); -1 = num_layers.
   int layer_begin = 0;
   int layer_end = -1;

@@ -9,6 +9,7 @@
 #include "kernels/cuda/dsa_indexer.h"
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/moe_gemv.h"
+#include "kernels/cuda/small_gemm.h"
 #include "model/gpu/gpu_engine_impl.h"
 
 namespace strata {
@@ -28,6 +29,11 @@ absl::Status Reserve(gpu::DeviceBuffer& b, int64_t n) {
 
 absl::Status GpuEngine::Impl::Gemm(const cuda::GemmArgs& in) {
   cuda::GemmArgs a = in;
+  if (a.type == cuda::GemmType::kBF16 && opt.small_step_gemv && !opt.batch_invariant_gemm &&
+      cuda::SmallGemmSupports(a)) {
+    STRATA_CUDA_RETURN(cuda::LaunchSmallGemm(a, stream));  // f32 inputs as they are
+    return absl::OkStatus();
+  }
   if (a.type == cuda::GemmType::kBF16 && a.m <= opt.split_bf16_max_rows && !opt.batch_invariant_gemm) {
     // The f32 inputs as hi + lo bf16 rows (cuda::LaunchSplitBf16), so their
     // rounding does not reach y.

@@ -1,0 +1,163 @@
+#include "kernels/cuda/small_gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kKnMaxInputs = 8192;  // m * k floats of x staged in shared memory ([k][n] weights)
+
+bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+__device__ __forceinline__ void LoadW8(const __nv_bfloat16* w, float (&v)[8]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void LoadX8(const float* x, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x)), b = __ldg(reinterpret_cast<const float4*>(x) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// [n][k] weights. Warp w of block x computes outputs (8x + w) * kRows ...
+// + kRows - 1 of batch blockIdx.y for the kM rows of x: lane t sums its
+// chunks of 8 columns t, t + 32, ... in order, then a butterfly over the warp.
+template <int kRows, int kM>
+__global__ void __launch_bounds__(kThreads) SmallGemmNkKernel(const GemmArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int j0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (j0 >= a.n) return;
+  const int64_t b = blockIdx.y;
+  const float* x = static_cast<const float*>(a.x) + b * a.stride_x;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w;
+  const __nv_bfloat16* wr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(j0 + r, a.n - 1)) * a.ldw;  // (repeats dropped)
+  float acc[kRows][kM] = {};
+#pragma unroll 2
+  for (int c = lane * 8; c < a.k; c += 32 * 8) {
+    float xv[kM][8];
+#pragma unroll
+    for (int i = 0; i < kM; ++i) LoadX8(x + i * a.ldx + c, xv[i]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float wv[8];
+      LoadW8(wr[r] + c, wv);
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wv[e], xv[i][e], acc[r][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], off);
+    }
+  }
+  if (lane != 0) return;
+  float* y = a.y + b * a.stride_y;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (j0 + r >= a.n) break;
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+      float& out = y[static_cast<int64_t>(i) * a.ldy + j0 + r];
+      out = a.accumulate ? out + acc[r][i] : acc[r][i];
+    }
+  }
+}
+
+// [k][n] weights: thread t of block x computes outputs j = 2 (256x + t) and
+// j + 1 of batch blockIdx.y, summing over l in order; the kM rows of x are
+// staged in shared memory.
+template <int kM>
+__global__ void __launch_bounds__(kThreads) SmallGemmKnKernel(const GemmArgs a) {
+  extern __shared__ float xs[];  // [kM][k]
+  const int64_t b = blockIdx.y;
+  const float* x = static_cast<const float*>(a.x) + b * a.stride_x;
+  for (int e = threadIdx.x; e < kM * a.k; e += kThreads) xs[e] = x[static_cast<int64_t>(e / a.k) * a.ldx + e % a.k];
+  __syncthreads();
+  const int j = 2 * (blockIdx.x * kThreads + threadIdx.x);
+  if (j >= a.n) return;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w + j;
+  float acc[kM][2] = {};
+#pragma unroll 8
+  for (int l = 0; l < a.k; ++l) {
+    const float2 wv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(w + static_cast<int64_t>(l) * a.ldw));
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+      acc[i][0] = fmaf(wv.x, xs[i * a.k + l], acc[i][0]);
+      acc[i][1] = fmaf(wv.y, xs[i * a.k + l], acc[i][1]);
+    }
+  }
+  float* y = a.y + b * a.stride_y + j;
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    float* out = y + static_cast<int64_t>(i) * a.ldy;
+    out[0] = a.accumulate ? out[0] + acc[i][0] : acc[i][0];
+    out[1] = a.accumulate ? out[1] + acc[i][1] : acc[i][1];
+  }
+}
+
+template <int kRows>
+cudaError_t LaunchNk(const GemmArgs& a, cudaStream_t stream) {
+  const dim3 grid((a.n + kRows * kWarps - 1) / (kRows * kWarps), a.batch);
+  switch (a.m) {
+    case 1: SmallGemmNkKernel<kRows, 1><<<grid, kThreads, 0, stream>>>(a); break;
+    case 2: SmallGemmNkKernel<kRows, 2><<<grid, kThreads, 0, stream>>>(a); break;
+    case 3: SmallGemmNkKernel<kRows, 3><<<grid, kThreads, 0, stream>>>(a); break;
+    default: SmallGemmNkKernel<kRows, 4><<<grid, kThreads, 0, stream>>>(a); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool SmallGemmSupports(const GemmArgs& a) {
+  if (a.type != GemmType::kBF16 || a.m < 1 || a.m > kSmallGemmMaxRows || a.n < 1 || a.k < 1 || a.batch < 1 ||
+      a.batch > 65535 || a.x == nullptr || a.w == nullptr || a.y == nullptr) {
+    return false;
+  }
+  if (a.w_is_kn) {
+    return a.n % 2 == 0 && a.ldw % 2 == 0 && a.stride_w % 2 == 0 && Aligned(a.w, 4) &&
+           int64_t{a.m} * a.k <= kKnMaxInputs;
+  }
+  return a.k % 8 == 0 && a.ldw % 8 == 0 && a.ldx % 8 == 0 && a.stride_w % 8 == 0 && a.stride_x % 8 == 0 &&
+         Aligned(a.w, 16) && Aligned(a.x, 16);
+}
+
+cudaError_t LaunchSmallGemm(const GemmArgs& a, cudaStream_t stream) {
+  if (!SmallGemmSupports(a)) return cudaErrorInvalidValue;
+  if (a.w_is_kn) {
+    const dim3 grid((a.n / 2 + kThreads - 1) / kThreads, a.batch);
+    const size_t smem = static_cast<size_t>(a.m) * a.k * sizeof(float);
+    switch (a.m) {
+      case 1: SmallGemmKnKernel<1><<<grid, kThreads, smem, stream>>>(a); break;
+      case 2: SmallGemmKnKernel<2><<<grid, kThreads, smem, stream>>>(a); break;
+      case 3: SmallGemmKnKernel<3><<<grid, kThreads, smem, stream>>>(a); break;
+      default: SmallGemmKnKernel<4><<<grid, kThreads, smem, stream>>>(a); break;
+    }
+    return cudaGetLastError();
+  }
+  // Four weight rows per warp share each load of x; fewer when that would
+  // leave SMs idle (under about 264 blocks: two per SM of an H100/H200).
+  if (int64_t{a.n} * a.batch >= 4 * kWarps * 264) return LaunchNk<4>(a, stream);
+  if (int64_t{a.n} * a.batch >= 2 * kWarps * 264) return LaunchNk<2>(a, stream);
+  return LaunchNk<1>(a, stream);
+}
+
+}  // namespace strata::cuda
