@@ -8,11 +8,14 @@
 // of 512 prompt tokens after a prefix of 0, 4k or 32k tokens, per layer,
 // next to its FLOPs (dense GEMMs plus absorbed attention).
 //
-//   strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv]
+//   strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv] [--profile-step]
 //     --dsa: DeepSeek-V3.2 with the indexer, top-2048 sparse attention;
 //     --split-bf16-rows: GpuEngineOptions::split_bf16_max_rows (0: every
 //     GEMM input rounded to bf16); --no-small-gemv: steps of <= 4 rows use
-//     cuBLASLt too (GpuEngineOptions::small_step_gemv).
+//     cuBLASLt too (GpuEngineOptions::small_step_gemv); --profile-step: only
+//     batch 1 at 4k, its first measured step between cudaProfilerStart and
+//     cudaProfilerStop (for a profiler started with --profile-from-start off).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -42,11 +45,14 @@ int main(int argc, char** argv) {
   bool dsa = false;
   int split_rows = strata::GpuEngineOptions().split_bf16_max_rows;
   bool small_gemv = true;
+  bool profile_step = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--dsa") == 0) {
       dsa = true;
     } else if (std::strcmp(argv[i], "--no-small-gemv") == 0) {
       small_gemv = false;
+    } else if (std::strcmp(argv[i], "--profile-step") == 0) {
+      profile_step = true;
     } else if (std::strncmp(argv[i], "--split-bf16-rows=", 18) == 0) {
       char* end = nullptr;
       const long v = std::strtol(argv[i] + 18, &end, 10);
@@ -56,7 +62,7 @@ int main(int argc, char** argv) {
       }
       split_rows = static_cast<int>(v);
     } else {
-      std::fprintf(stderr, "usage: strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv]\n");
+      std::fprintf(stderr, "usage: strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv] [--profile-step]\n");
       return 2;
     }
   }
@@ -104,6 +110,7 @@ int main(int argc, char** argv) {
               "bytes/step", "floor us", "ratio", "experts");
   for (int batch : {1, 32}) {
     for (int64_t ctx : {int64_t{4096}, int64_t{131072}}) {
+      if (profile_step && (batch != 1 || ctx != 4096)) continue;
       std::vector<std::unique_ptr<strata::GpuSequence>> seqs;
       for (int b = 0; b < batch; ++b) {
         auto s = (*engine)->NewSequence();
@@ -123,7 +130,9 @@ int main(int argc, char** argv) {
       for (int it = 0; it < warm + steps; ++it) {
         std::vector<strata::GpuChunk> chunks;
         for (int b = 0; b < batch; ++b) chunks.push_back({seqs[b].get(), absl::MakeConstSpan(&token[b], 1)});
+        if (profile_step && it == warm) cudaProfilerStart();
         const absl::Status st = (*engine)->Forward(chunks, false, &logits);
+        if (profile_step && it == warm) cudaProfilerStop();
         if (!st.ok()) {
           std::fprintf(stderr, "step: %s\n", st.ToString().c_str());
           return 1;
@@ -153,6 +162,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  if (profile_step) return 0;
 
   // ---- the last stage's token choice for 32 rows ----------------------------
   // lm_head, then: the device argmax, the device sampler (temperature 0.8,

@@ -9,7 +9,7 @@ namespace {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kKnMaxInputs = 8192;  // m * k floats of x staged in shared memory ([k][n] weights)
+constexpr int kKnMaxInputs = 4096;  // m * k floats of x staged in shared memory ([k][n] weights)
 
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kThreads) SmallGemmNkKernel(const GemmArgs a) 
 #pragma unroll
   for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(j0 + r, a.n - 1)) * a.ldw;  // (repeats dropped)
   float acc[kRows][kM] = {};
-#pragma unroll 2
+  constexpr int kUnroll = kM <= 2 ? 4 : 2;  // loads in flight; registers bound it
+#pragma unroll kUnroll
   for (int c = lane * 8; c < a.k; c += 32 * 8) {
     float xv[kM][8];
 #pragma unroll
@@ -81,35 +82,108 @@ __global__ void __launch_bounds__(kThreads) SmallGemmNkKernel(const GemmArgs a) 
   }
 }
 
-// [k][n] weights: thread t of block x computes outputs j = 2 (256x + t) and
-// j + 1 of batch blockIdx.y, summing over l in order; the kM rows of x are
-// staged in shared memory.
+// [n][k] weights, few outputs: block x computes outputs kRows x ... kRows x
+// + kRows - 1 of batch blockIdx.y with all its threads along k: thread t sums
+// its chunks of 8 columns t, t + 256, ... in order, a butterfly sums each
+// warp, then the eight warps' sums are added in warp order.
+template <int kRows, int kM>
+__global__ void __launch_bounds__(kThreads) SmallGemmNkSplitKernel(const GemmArgs a) {
+  __shared__ float part[kWarps][kRows][kM];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j0 = blockIdx.x * kRows;
+  const int64_t b = blockIdx.y;
+  const float* x = static_cast<const float*>(a.x) + b * a.stride_x;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w;
+  const __nv_bfloat16* wr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(j0 + r, a.n - 1)) * a.ldw;
+  float acc[kRows][kM] = {};
+#pragma unroll 2
+  for (int c = threadIdx.x * 8; c < a.k; c += kThreads * 8) {
+    float xv[kM][8];
+#pragma unroll
+    for (int i = 0; i < kM; ++i) LoadX8(x + i * a.ldx + c, xv[i]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float wv[8];
+      LoadW8(wr[r] + c, wv);
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wv[e], xv[i][e], acc[r][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], off);
+      if (lane == 0) part[warp][r][i] = acc[r][i];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= kRows * kM) return;
+  const int r = threadIdx.x / kM, i = threadIdx.x % kM;
+  if (j0 + r >= a.n) return;
+  float sum = part[0][r][i];
+#pragma unroll
+  for (int v = 1; v < kWarps; ++v) sum += part[v][r][i];
+  float& out = a.y[b * a.stride_y + static_cast<int64_t>(i) * a.ldy + j0 + r];
+  out = a.accumulate ? out + sum : sum;
+}
+
+// [k][n] weights: thread t of block x computes outputs j .. j + 7, j =
+// 512x + 8 (t % 64), over the rows l = t / 64, t / 64 + 4, ... of W in order
+// (16-byte loads); the four slices are then added in slice order. The kM
+// rows of x are staged in shared memory.
+constexpr int kKnSlices = kThreads / 64;
 template <int kM>
 __global__ void __launch_bounds__(kThreads) SmallGemmKnKernel(const GemmArgs a) {
   extern __shared__ float xs[];  // [kM][k]
+  __shared__ float part[kKnSlices - 1][kM][512];
   const int64_t b = blockIdx.y;
   const float* x = static_cast<const float*>(a.x) + b * a.stride_x;
   for (int e = threadIdx.x; e < kM * a.k; e += kThreads) xs[e] = x[static_cast<int64_t>(e / a.k) * a.ldx + e % a.k];
   __syncthreads();
-  const int j = 2 * (blockIdx.x * kThreads + threadIdx.x);
-  if (j >= a.n) return;
-  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w + j;
-  float acc[kM][2] = {};
-#pragma unroll 8
-  for (int l = 0; l < a.k; ++l) {
-    const float2 wv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(w + static_cast<int64_t>(l) * a.ldw));
+  const int col = 8 * (threadIdx.x % 64), slice = threadIdx.x / 64;
+  const int j = 512 * blockIdx.x + col;
+  float acc[kM][8] = {};
+  if (j < a.n) {
+    const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w + j;
+#pragma unroll 4
+    for (int l = slice; l < a.k; l += kKnSlices) {
+      float wv[8];
+      LoadW8(w + static_cast<int64_t>(l) * a.ldw, wv);
 #pragma unroll
-    for (int i = 0; i < kM; ++i) {
-      acc[i][0] = fmaf(wv.x, xs[i * a.k + l], acc[i][0]);
-      acc[i][1] = fmaf(wv.y, xs[i * a.k + l], acc[i][1]);
+      for (int i = 0; i < kM; ++i) {
+        const float xv = xs[i * a.k + l];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(wv[e], xv, acc[i][e]);
+      }
     }
   }
+  if (slice > 0) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) part[slice - 1][i][col + e] = acc[i][e];
+    }
+  }
+  __syncthreads();
+  if (slice > 0 || j >= a.n) return;
   float* y = a.y + b * a.stride_y + j;
 #pragma unroll
   for (int i = 0; i < kM; ++i) {
-    float* out = y + static_cast<int64_t>(i) * a.ldy;
-    out[0] = a.accumulate ? out[0] + acc[i][0] : acc[i][0];
-    out[1] = a.accumulate ? out[1] + acc[i][1] : acc[i][1];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float sum = acc[i][e];
+#pragma unroll
+      for (int v = 0; v < kKnSlices - 1; ++v) sum += part[v][i][col + e];
+      float& out = y[static_cast<int64_t>(i) * a.ldy + e];
+      out = a.accumulate ? out + sum : sum;
+    }
   }
 }
 
@@ -125,6 +199,18 @@ cudaError_t LaunchNk(const GemmArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <int kRows>
+cudaError_t LaunchNkSplit(const GemmArgs& a, cudaStream_t stream) {
+  const dim3 grid((a.n + kRows - 1) / kRows, a.batch);
+  switch (a.m) {
+    case 1: SmallGemmNkSplitKernel<kRows, 1><<<grid, kThreads, 0, stream>>>(a); break;
+    case 2: SmallGemmNkSplitKernel<kRows, 2><<<grid, kThreads, 0, stream>>>(a); break;
+    case 3: SmallGemmNkSplitKernel<kRows, 3><<<grid, kThreads, 0, stream>>>(a); break;
+    default: SmallGemmNkSplitKernel<kRows, 4><<<grid, kThreads, 0, stream>>>(a); break;
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool SmallGemmSupports(const GemmArgs& a) {
@@ -133,7 +219,7 @@ bool SmallGemmSupports(const GemmArgs& a) {
     return false;
   }
   if (a.w_is_kn) {
-    return a.n % 2 == 0 && a.ldw % 2 == 0 && a.stride_w % 2 == 0 && Aligned(a.w, 4) &&
+    return a.n % 8 == 0 && a.ldw % 8 == 0 && a.stride_w % 8 == 0 && Aligned(a.w, 16) &&
            int64_t{a.m} * a.k <= kKnMaxInputs;
   }
   return a.k % 8 == 0 && a.ldw % 8 == 0 && a.ldx % 8 == 0 && a.stride_w % 8 == 0 && a.stride_x % 8 == 0 &&
@@ -143,7 +229,7 @@ bool SmallGemmSupports(const GemmArgs& a) {
 cudaError_t LaunchSmallGemm(const GemmArgs& a, cudaStream_t stream) {
   if (!SmallGemmSupports(a)) return cudaErrorInvalidValue;
   if (a.w_is_kn) {
-    const dim3 grid((a.n / 2 + kThreads - 1) / kThreads, a.batch);
+    const dim3 grid((a.n + 511) / 512, a.batch);
     const size_t smem = static_cast<size_t>(a.m) * a.k * sizeof(float);
     switch (a.m) {
       case 1: SmallGemmKnKernel<1><<<grid, kThreads, smem, stream>>>(a); break;
@@ -153,11 +239,16 @@ cudaError_t LaunchSmallGemm(const GemmArgs& a, cudaStream_t stream) {
     }
     return cudaGetLastError();
   }
-  // Four weight rows per warp share each load of x; fewer when that would
-  // leave SMs idle (under about 264 blocks: two per SM of an H100/H200).
-  if (int64_t{a.n} * a.batch >= 4 * kWarps * 264) return LaunchNk<4>(a, stream);
-  if (int64_t{a.n} * a.batch >= 2 * kWarps * 264) return LaunchNk<2>(a, stream);
-  return LaunchNk<1>(a, stream);
+  // Many outputs: a warp per two or four weight rows (they share each load
+  // of x), at least about 264 blocks (two per SM of an H100/H200). Fewer:
+  // a block per one to four rows, its threads along k, so that enough loads
+  // are in flight. The choice depends on the shape, never on m.
+  const int64_t outputs = int64_t{a.n} * a.batch;
+  if (outputs >= 4 * kWarps * 264) return LaunchNk<4>(a, stream);
+  if (outputs >= 2 * kWarps * 264) return LaunchNk<2>(a, stream);
+  if (outputs >= 4 * 528) return LaunchNkSplit<4>(a, stream);
+  if (outputs >= 2 * 528) return LaunchNkSplit<2>(a, stream);
+  return LaunchNkSplit<1>(a, stream);
 }
 
 }  // namespace strata::cuda

@@ -37,8 +37,9 @@ class SmallGemmTest : public ::testing::Test {
 
   // Runs one case on fresh data; returns y. Checks every output against the
   // float64 product within the f32 summation bound of its chain: the chain
-  // of a [n][k] output is k / 32 + 5 additions (8 per lane chunk, then the
-  // butterfly), of a [k][n] output k.
+  // of a [n][k] output is at most k / 32 + 5 additions (8 per lane chunk,
+  // then the butterfly; the block-wide order's chain is shorter), of a
+  // [k][n] output k.
   std::vector<float> Run(const Case& c, const std::vector<float>* x_in = nullptr) {
     testing::Rng rng(seed_ + (++calls_));
     const size_t nx = static_cast<size_t>(c.batch - 1) * c.stride_x + (c.m - 1) * c.ldx + c.k;
@@ -109,10 +110,14 @@ class SmallGemmTest : public ::testing::Test {
 
 TEST_F(SmallGemmTest, RowMajorWeightsEveryRowCount) {
   for (int m = 1; m <= 4; ++m) {
-    // 576 and 4100 outputs: one weight row per warp and partial blocks; 9000:
-    // four rows per warp, the last warp partial.
-    Run({m, 576, 1024, 1, false, 1024, 0, 1024, 0, 576, 0, false});
+    // 576, 1536 and 4100 outputs: a block per one, two or four weight rows
+    // (k shorter and longer than the block's 2048-column stride, the last
+    // block partial); 6000 and 9000: two or four rows per warp, the last warp
+    // partial.
+    Run({m, 576, 7168, 1, false, 7168, 0, 7168, 0, 576, 0, false});
+    Run({m, 1536, 1024, 1, false, 1024, 0, 1024, 0, 1536, 0, m == 4});
     Run({m, 4100, 512, 1, false, 520, 0, 520, 0, 4104, 0, false});
+    Run({m, 6000, 2048, 1, false, 2048, 0, 2048, 0, 6000, 0, false});
     Run({m, 9000, 256, 1, false, 256, 0, 256, 0, 9000, 0, m == 2});
   }
 }
@@ -129,9 +134,12 @@ TEST_F(SmallGemmTest, StridedBatchesAsTheAbsorption) {
 }
 
 TEST_F(SmallGemmTest, ARowsBitsDoNotDependOnTheOtherRows) {
-  for (bool kn : {false, true}) {
-    const Case four = kn ? Case{4, 512, 128, 2, true, 128, 512, 512, 128 * 512, 512, 2048, false}
-                         : Case{4, 2048, 1024, 1, false, 1024, 0, 1024, 0, 2048, 0, false};
+  // [n][k] with a block per two rows and with four rows per warp, [k][n].
+  const Case cases[] = {{4, 2048, 1024, 1, false, 1024, 0, 1024, 0, 2048, 0, false},
+                        {4, 9000, 512, 1, false, 512, 0, 512, 0, 9000, 0, false},
+                        {4, 512, 128, 2, true, 128, 512, 512, 128 * 512, 512, 2048, false}};
+  for (const Case& four : cases) {
+    const bool kn = four.kn;
     const std::vector<float> y4 = Run(four);
     // The same first row alone (x rows 1..3 unused), same weights (same seed).
     Case one = four;
