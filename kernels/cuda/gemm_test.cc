@@ -56,6 +56,21 @@ double WorstError(const Problem& p, int m, const std::vector<float>& y) {
   return worst;
 }
 
+// y[m][n] = x[m][k] W^T for the problem's row-major operands on the device.
+GemmArgs ArgsFor(const Problem& p, int m, const DeviceBuffer& x, const DeviceBuffer& w, const DeviceBuffer& y) {
+  GemmArgs a;
+  a.m = m;
+  a.n = p.n;
+  a.k = p.k;
+  a.x = x.as<void>();
+  a.ldx = p.k;
+  a.w = w.as<void>();
+  a.ldw = p.k;
+  a.y = y.as<float>();
+  a.ldy = p.n;
+  return a;
+}
+
 TEST(GemmRunnerTest, EveryRowCountIsRightAndRowClassesShareAQuery) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = FreshSeed();
@@ -73,16 +88,7 @@ TEST(GemmRunnerTest, EveryRowCountIsRightAndRowClassesShareAQuery) {
                                128, 129, 200, 255, 256, 257, 300, 401, 512, 513, 600};
   for (int m : ms) {
     y.Poison();
-    GemmArgs a;
-    a.m = m;
-    a.n = p.n;
-    a.k = p.k;
-    a.x = x.as<void>();
-    a.ldx = p.k;
-    a.w = w.as<void>();
-    a.ldw = p.k;
-    a.y = y.as<float>();
-    a.ldy = p.n;
+    const GemmArgs a = ArgsFor(p, m, x, w, y);
     ASSERT_TRUE((*runner)->Run(a, nullptr).ok()) << "m=" << m;
     std::vector<float> out(static_cast<size_t>(m) * p.n);
     y.Download(out.data(), out.size() * 4);
@@ -117,16 +123,7 @@ TEST(GemmRunnerTest, AccumulateAddsToTheOutput) {
     for (bool plain : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "m=" << m << (plain ? " plain kernel" : " cuBLASLt"));
       y.Upload(y0.data(), y0.size() * 4);
-      GemmArgs a;
-      a.m = m;
-      a.n = p.n;
-      a.k = p.k;
-      a.x = x.as<void>();
-      a.ldx = p.k;
-      a.w = w.as<void>();
-      a.ldw = p.k;
-      a.y = y.as<float>();
-      a.ldy = p.n;
+      GemmArgs a = ArgsFor(p, m, x, w, y);
       a.accumulate = true;
       if (plain) {
         ASSERT_EQ(LaunchPlainGemm(a, nullptr), cudaSuccess);

@@ -60,21 +60,7 @@ __global__ void __launch_bounds__(kListThreads) MoeListKernel(MoeGemvParams p) {
   }
 }
 
-// Eight consecutive weights as f32.
-__device__ __forceinline__ void Load8(const __nv_bfloat16* w, float (&v)[8]) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void Load8(const float* w, float (&v)[8]) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(w)), b = __ldg(reinterpret_cast<const float4*>(w) + 1);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
+// Eight consecutive activations (written by an earlier launch) as f32.
 __device__ __forceinline__ void LoadX8(const float* x, float (&v)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(x), b = *(reinterpret_cast<const float4*>(x) + 1);
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -120,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(MoeGemvParams p, int m
 #pragma unroll
         for (int t = 0; t < kRows; ++t) {
           float wv[8];
-          Load8(wmat + (static_cast<int64_t>(t) * N + out) * K + c, wv);
+          dev::Load8(wmat + (static_cast<int64_t>(t) * N + out) * K + c, wv);
 #pragma unroll
           for (int q = 0; q < kGroup; ++q) {
 #pragma unroll

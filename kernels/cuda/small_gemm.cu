@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/device_util.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -13,20 +16,46 @@ constexpr int kKnMaxInputs = 4096;  // m * k floats of x staged in shared memory
 
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-__device__ __forceinline__ void LoadW8(const __nv_bfloat16* w, float (&v)[8]) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+// Weight rows j0 .. j0 + kRows - 1 of a [n][k] matrix (the last row repeated
+// past n; those outputs are computed and dropped).
+template <int kRows>
+__device__ __forceinline__ void RowPointers(const __nv_bfloat16* w, int j0, const GemmArgs& a,
+                                            const __nv_bfloat16* (&wr)[kRows]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
+  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(j0 + r, a.n - 1)) * a.ldw;
+}
+
+// acc[r][i] += the products of columns c .. c + 7 of weight row r and x row i,
+// in column order.
+template <int kRows, int kM>
+__device__ __forceinline__ void AccumulateChunk(const float* x, int64_t ldx, const __nv_bfloat16* const (&wr)[kRows],
+                                                int c, float (&acc)[kRows][kM]) {
+  float xv[kM][8];
+#pragma unroll
+  for (int i = 0; i < kM; ++i) dev::Load8(x + i * ldx + c, xv[i]);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float wv[8];
+    dev::Load8(wr[r] + c, wv);
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wv[e], xv[i][e], acc[r][i]);
+    }
   }
 }
 
-__device__ __forceinline__ void LoadX8(const float* x, float (&v)[8]) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(x)), b = __ldg(reinterpret_cast<const float4*>(x) + 1);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+// A butterfly over the warp: every lane gets the warp's sums.
+template <int kRows, int kM>
+__device__ __forceinline__ void WarpSums(float (&acc)[kRows][kM]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], off);
+    }
+  }
 }
 
 // [n][k] weights. Warp w of block x computes outputs (8x + w) * kRows ...
@@ -41,34 +70,12 @@ __global__ void __launch_bounds__(kThreads) SmallGemmNkKernel(const GemmArgs a) 
   const float* x = static_cast<const float*>(a.x) + b * a.stride_x;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w;
   const __nv_bfloat16* wr[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(j0 + r, a.n - 1)) * a.ldw;  // (repeats dropped)
+  RowPointers<kRows>(w, j0, a, wr);
   float acc[kRows][kM] = {};
   constexpr int kUnroll = kM <= 2 ? 4 : 2;  // loads in flight; registers bound it
 #pragma unroll kUnroll
-  for (int c = lane * 8; c < a.k; c += 32 * 8) {
-    float xv[kM][8];
-#pragma unroll
-    for (int i = 0; i < kM; ++i) LoadX8(x + i * a.ldx + c, xv[i]);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float wv[8];
-      LoadW8(wr[r] + c, wv);
-#pragma unroll
-      for (int i = 0; i < kM; ++i) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wv[e], xv[i][e], acc[r][i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int i = 0; i < kM; ++i) {
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], off);
-    }
-  }
+  for (int c = lane * 8; c < a.k; c += 32 * 8) AccumulateChunk<kRows, kM>(x, a.ldx, wr, c, acc);
+  WarpSums<kRows, kM>(acc);
   if (lane != 0) return;
   float* y = a.y + b * a.stride_y;
 #pragma unroll
@@ -95,32 +102,16 @@ __global__ void __launch_bounds__(kThreads) SmallGemmNkSplitKernel(const GemmArg
   const float* x = static_cast<const float*>(a.x) + b * a.stride_x;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(a.w) + b * a.stride_w;
   const __nv_bfloat16* wr[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(j0 + r, a.n - 1)) * a.ldw;
+  RowPointers<kRows>(w, j0, a, wr);
   float acc[kRows][kM] = {};
 #pragma unroll 2
-  for (int c = threadIdx.x * 8; c < a.k; c += kThreads * 8) {
-    float xv[kM][8];
-#pragma unroll
-    for (int i = 0; i < kM; ++i) LoadX8(x + i * a.ldx + c, xv[i]);
+  for (int c = threadIdx.x * 8; c < a.k; c += kThreads * 8) AccumulateChunk<kRows, kM>(x, a.ldx, wr, c, acc);
+  WarpSums<kRows, kM>(acc);
+  if (lane == 0) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float wv[8];
-      LoadW8(wr[r] + c, wv);
 #pragma unroll
-      for (int i = 0; i < kM; ++i) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wv[e], xv[i][e], acc[r][i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int i = 0; i < kM; ++i) {
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], off);
-      if (lane == 0) part[warp][r][i] = acc[r][i];
+      for (int i = 0; i < kM; ++i) part[warp][r][i] = acc[r][i];
     }
   }
   __syncthreads();
@@ -155,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) SmallGemmKnKernel(const GemmArgs a) 
 #pragma unroll 4
     for (int l = slice; l < a.k; l += kKnSlices) {
       float wv[8];
-      LoadW8(w + static_cast<int64_t>(l) * a.ldw, wv);
+      dev::Load8(w + static_cast<int64_t>(l) * a.ldw, wv);
 #pragma unroll
       for (int i = 0; i < kM; ++i) {
         const float xv = xs[i * a.k + l];
@@ -187,28 +178,30 @@ __global__ void __launch_bounds__(kThreads) SmallGemmKnKernel(const GemmArgs a) 
   }
 }
 
-template <int kRows>
-cudaError_t LaunchNk(const GemmArgs& a, cudaStream_t stream) {
-  const dim3 grid((a.n + kRows * kWarps - 1) / (kRows * kWarps), a.batch);
-  switch (a.m) {
-    case 1: SmallGemmNkKernel<kRows, 1><<<grid, kThreads, 0, stream>>>(a); break;
-    case 2: SmallGemmNkKernel<kRows, 2><<<grid, kThreads, 0, stream>>>(a); break;
-    case 3: SmallGemmNkKernel<kRows, 3><<<grid, kThreads, 0, stream>>>(a); break;
-    default: SmallGemmNkKernel<kRows, 4><<<grid, kThreads, 0, stream>>>(a); break;
+// Calls launch(std::integral_constant<int, m>) for m = 1 .. 4: the kernels
+// are instantiated per row count.
+template <typename Launch>
+cudaError_t ForRowCount(int m, Launch&& launch) {
+  switch (m) {
+    case 1: launch(std::integral_constant<int, 1>()); break;
+    case 2: launch(std::integral_constant<int, 2>()); break;
+    case 3: launch(std::integral_constant<int, 3>()); break;
+    default: launch(std::integral_constant<int, 4>()); break;
   }
   return cudaGetLastError();
 }
 
 template <int kRows>
+cudaError_t LaunchNk(const GemmArgs& a, cudaStream_t stream) {
+  const dim3 grid((a.n + kRows * kWarps - 1) / (kRows * kWarps), a.batch);
+  return ForRowCount(a.m, [&](auto m) { SmallGemmNkKernel<kRows, decltype(m)::value><<<grid, kThreads, 0, stream>>>(a); });
+}
+
+template <int kRows>
 cudaError_t LaunchNkSplit(const GemmArgs& a, cudaStream_t stream) {
   const dim3 grid((a.n + kRows - 1) / kRows, a.batch);
-  switch (a.m) {
-    case 1: SmallGemmNkSplitKernel<kRows, 1><<<grid, kThreads, 0, stream>>>(a); break;
-    case 2: SmallGemmNkSplitKernel<kRows, 2><<<grid, kThreads, 0, stream>>>(a); break;
-    case 3: SmallGemmNkSplitKernel<kRows, 3><<<grid, kThreads, 0, stream>>>(a); break;
-    default: SmallGemmNkSplitKernel<kRows, 4><<<grid, kThreads, 0, stream>>>(a); break;
-  }
-  return cudaGetLastError();
+  return ForRowCount(a.m,
+                     [&](auto m) { SmallGemmNkSplitKernel<kRows, decltype(m)::value><<<grid, kThreads, 0, stream>>>(a); });
 }
 
 }  // namespace
@@ -231,13 +224,7 @@ cudaError_t LaunchSmallGemm(const GemmArgs& a, cudaStream_t stream) {
   if (a.w_is_kn) {
     const dim3 grid((a.n + 511) / 512, a.batch);
     const size_t smem = static_cast<size_t>(a.m) * a.k * sizeof(float);
-    switch (a.m) {
-      case 1: SmallGemmKnKernel<1><<<grid, kThreads, smem, stream>>>(a); break;
-      case 2: SmallGemmKnKernel<2><<<grid, kThreads, smem, stream>>>(a); break;
-      case 3: SmallGemmKnKernel<3><<<grid, kThreads, smem, stream>>>(a); break;
-      default: SmallGemmKnKernel<4><<<grid, kThreads, smem, stream>>>(a); break;
-    }
-    return cudaGetLastError();
+    return ForRowCount(a.m, [&](auto m) { SmallGemmKnKernel<decltype(m)::value><<<grid, kThreads, smem, stream>>>(a); });
   }
   // Many outputs: a warp per two or four weight rows (they share each load
   // of x), at least about 264 blocks (two per SM of an H100/H200). Fewer:
