@@ -464,9 +464,22 @@ __global__ void MoeRouteKernel(MoeRouteParams p) {
   int* taken = reinterpret_cast<int*>(gscore + G);  // 1: not eligible (group off, or picked)
   int* picks = taken + E;
   const float* lg = p.logits + static_cast<int64_t>(r) * E;
-  for (int e = lane; e < E; e += 32) {
-    score[e] = 1.0f / (1.0f + expf(-lg[e]));
-    choice[e] = score[e] + p.bias[e];
+  constexpr int kLoads = 8;  // a lane's logits and biases loaded at once, then used
+  for (int e0 = 0; e0 < E; e0 += 32 * kLoads) {
+    float lv[kLoads], bv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = e0 + u * 32 + lane;
+      lv[u] = e < E ? lg[e] : 0.0f;
+      bv[u] = e < E ? p.bias[e] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = e0 + u * 32 + lane;
+      if (e >= E) break;
+      score[e] = 1.0f / (1.0f + expf(-lv[u]));
+      choice[e] = score[e] + bv[u];
+    }
   }
   __syncwarp();
   for (int g = lane; g < G; g += 32) {

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/device_util.cuh"
 
@@ -35,14 +36,21 @@ __global__ void __launch_bounds__(kListThreads) MoeListKernel(MoeGemvParams p) {
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    s_offset[0] = 0;
-    int used = 0;
-    for (int e = 0; e < E; ++e) {
-      s_offset[e + 1] = s_offset[e] + s_count[e];
-      if (s_count[e] > 0) p.used[1 + used++] = e;
-    }
-    p.used[0] = used;
+  {
+    // Offsets and the used experts in id order: two block scans, thread e
+    // for expert e (E <= 1024).
+    using Scan = cub::BlockScan<int, kListThreads>;
+    __shared__ typename Scan::TempStorage tmp;
+    const int e = threadIdx.x;
+    const int cnt = e < E ? s_count[e] : 0;
+    int off, pos, used;
+    Scan(tmp).ExclusiveSum(cnt, off);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(cnt > 0 ? 1 : 0, pos, used);
+    if (e < E) s_offset[e] = off;
+    if (e == E - 1) s_offset[E] = off + cnt;
+    if (cnt > 0) p.used[1 + pos] = e;
+    if (e == 0) p.used[0] = used;
   }
   __syncthreads();
   for (int e = threadIdx.x; e <= E; e += kListThreads) p.offsets[e] = s_offset[e];
