@@ -140,8 +140,8 @@ int Up(const std::vector<std::string>& args) {
   flags.Declare("device", "where workers run their layers: cpu (default) or gpu (every worker on GPU 0)");
   flags.Declare("gpu-kv-bytes", "with --device gpu: KV bytes each worker reserves on the GPU (default 1073741824)");
   flags.Declare("gpu-gemm", "with --device gpu: bf16 (default; f32 inputs enter as hi + lo bf16 terms), "
-                            "bf16-rounded (inputs rounded to bf16: faster prefill, less exact) or f32 "
-                            "(a test mode matching the CPU engine)");
+                            "bf16-rounded (inputs of steps over four rows rounded to bf16: faster prefill, "
+                            "less exact) or f32 (a test mode matching the CPU engine)");
   flags.Declare("synthetic-weights", "with --device gpu: generate the weights on the GPU from this seed instead of "
                                      "reading them (--model then needs only config.json)");
   flags.Declare("placement", "manual placement, e.g. 0-1:w0,2-3:w1");

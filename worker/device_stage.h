@@ -29,7 +29,7 @@ struct DeviceStageOptions {
   int device = 0;
   int64_t kv_cache_bytes = int64_t{4} << 30;  // the page pool, reserved at load
   bool f32_gemm = false;                       // test mode
-  bool round_gemm_inputs = false;              // bf16 GEMM inputs rounded, not split (GpuEngineOptions)
+  bool round_gemm_inputs = false;              // split_bf16_max_rows = 0 (GpuEngineOptions)
   // Weights generated on the device from this seed (only config.json is
   // read): GpuEngine::CreateSynthetic.
   std::optional<uint64_t> synthetic_seed;

@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
   flags.Declare("gpu", "with --device gpu: the CUDA device index (default 0)");
   flags.Declare("gpu-kv-bytes", "with --device gpu: device bytes reserved for the KV cache (default 4294967296)");
   flags.Declare("gpu-gemm", "with --device gpu: bf16 (default; f32 inputs enter as hi + lo bf16 terms), "
-                            "bf16-rounded (inputs rounded to bf16: faster prefill, less exact) or f32 "
-                            "(a test mode matching the CPU engine)");
+                            "bf16-rounded (inputs of steps over four rows rounded to bf16: faster prefill, "
+                            "less exact) or f32 (a test mode matching the CPU engine)");
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
   if (flags.Has("help")) {

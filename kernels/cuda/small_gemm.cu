@@ -13,6 +13,10 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kKnMaxInputs = 4096;  // m * k floats of x staged in shared memory ([k][n] weights)
+// Blocks a launch should have at least to keep an H100/H200 (132 SMs) busy:
+// two per SM with a warp per weight row(s), four per SM when the block works
+// along k (its blocks are short).
+constexpr int kWarpRowsMinBlocks = 264, kSplitMinBlocks = 528;
 
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -227,14 +231,14 @@ cudaError_t LaunchSmallGemm(const GemmArgs& a, cudaStream_t stream) {
     return ForRowCount(a.m, [&](auto m) { SmallGemmKnKernel<decltype(m)::value><<<grid, kThreads, smem, stream>>>(a); });
   }
   // Many outputs: a warp per two or four weight rows (they share each load
-  // of x), at least about 264 blocks (two per SM of an H100/H200). Fewer:
-  // a block per one to four rows, its threads along k, so that enough loads
-  // are in flight. The choice depends on the shape, never on m.
+  // of x). Fewer: a block per one to four rows, its threads along k, so
+  // that enough loads are in flight. The choice depends on the shape, never
+  // on m.
   const int64_t outputs = int64_t{a.n} * a.batch;
-  if (outputs >= 4 * kWarps * 264) return LaunchNk<4>(a, stream);
-  if (outputs >= 2 * kWarps * 264) return LaunchNk<2>(a, stream);
-  if (outputs >= 4 * 528) return LaunchNkSplit<4>(a, stream);
-  if (outputs >= 2 * 528) return LaunchNkSplit<2>(a, stream);
+  if (outputs >= 4 * kWarps * kWarpRowsMinBlocks) return LaunchNk<4>(a, stream);
+  if (outputs >= 2 * kWarps * kWarpRowsMinBlocks) return LaunchNk<2>(a, stream);
+  if (outputs >= 4 * kSplitMinBlocks) return LaunchNkSplit<4>(a, stream);
+  if (outputs >= 2 * kSplitMinBlocks) return LaunchNkSplit<2>(a, stream);
   return LaunchNkSplit<1>(a, stream);
 }
 

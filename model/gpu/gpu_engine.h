@@ -41,11 +41,12 @@ struct GpuEngineOptions {
   // Every GEMM uses the algorithm cuBLASLt picks for one row (bit-identical
   // rows whatever the batch; slower from 32 rows on, bench/RESULTS.md).
   bool batch_invariant_gemm = false;
-  // bf16 GEMMs of at most this many rows take their f32 inputs as two bf16
-  // terms (hi + lo rows, twice the rows for the same weights), so that
-  // rounding the inputs does not move the logits; 0 rounds every input to
-  // bf16 (faster prefill). The batch-invariant mode always rounds (a row's
-  // bits must not depend on the step's size). docs/gpu-engine.md, "Accuracy".
+  // bf16 GEMMs of at most this many rows that the small-step kernels below do
+  // not take get their f32 inputs as two bf16 terms (hi + lo rows, twice the
+  // rows for the same weights), so that rounding the inputs does not move the
+  // logits; 0 rounds those inputs to bf16 (faster prefill). The
+  // batch-invariant mode always rounds (a row's bits must not depend on the
+  // step's size). docs/gpu-engine.md, "GEMMs" and "Accuracy".
   int split_bf16_max_rows = INT32_MAX;
   // bf16 GEMMs of steps of at most cuda::kSmallGemmMaxRows (4) rows run as
   // matrix-vector kernels on the f32 inputs (cuda::LaunchSmallGemm): no

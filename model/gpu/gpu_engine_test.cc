@@ -449,9 +449,11 @@ TEST(GpuEngineTest, TunedIndexerSelectsAsCpuEngine) {
 // By default the GEMMs take their f32 inputs as hi + lo bf16 terms
 // (measured 511 of 512 top-1 tokens; the other a near-tie, margin 0.005):
 // asserted >= 99 % top-1 agreement (the bar) and the mean NLL within
-// 0.5 %. With split_bf16_max_rows = 0 (--gpu-gemm bf16-rounded) every input
-// is rounded to bf16 (measured 502-505 of 512): asserted >= 99 % where the
-// f32 top-2 margin is at least 0.05, and the NLL bound.
+// 0.5 %. With split_bf16_max_rows = 0 (--gpu-gemm bf16-rounded) the prefill's
+// inputs are rounded to bf16 (the decode steps, one row each, take the
+// small-step kernels on f32 inputs either way; measured 504 of 512):
+// asserted >= 99 % where the f32 top-2 margin is at least 0.05, and the NLL
+// bound.
 TEST(GpuEngineTest, Bf16ModeAgreesWithCpuOnDemoModel) {
   SKIP_WITHOUT_DEVICE();
   fs::path root = fs::path(STRATA_SOURCE_DIR);
@@ -492,7 +494,7 @@ TEST(GpuEngineTest, Bf16ModeAgreesWithCpuOnDemoModel) {
         }
       }
     }
-    std::printf("demo model, bf16 mode, inputs split in steps of up to %d rows: top-1 agreement %d/%d (prefill %d/%d, decode "
+    std::printf("demo model, bf16 mode, split_bf16_max_rows %d: top-1 agreement %d/%d (prefill %d/%d, decode "
                 "%d/%d; %d/%d where the f32 margin >= 0.05), mean NLL %.6f (CPU f32 %.6f)\n",
                 split_rows, agree, T, agree_prefill, split, agree - agree_prefill, T - split, decisive_agree,
                 decisive, nll_gpu / (T - 1), nll_cpu / (T - 1));

@@ -28,49 +28,47 @@ absl::Status Reserve(gpu::DeviceBuffer& b, int64_t n) {
 }  // namespace
 
 absl::Status GpuEngine::Impl::Gemm(const cuda::GemmArgs& in) {
-  cuda::GemmArgs a = in;
-  if (a.type == cuda::GemmType::kBF16 && opt.small_step_gemv && !opt.batch_invariant_gemm &&
-      cuda::SmallGemmSupports(a)) {
-    STRATA_CUDA_RETURN(cuda::LaunchSmallGemm(a, stream));  // f32 inputs as they are
+  if (in.type != cuda::GemmType::kBF16) return gemm->Run(in, stream);
+  // bf16 weights, f32 inputs (docs/gpu-engine.md, "GEMMs").
+  if (opt.small_step_gemv && !opt.batch_invariant_gemm && cuda::SmallGemmSupports(in)) {
+    STRATA_CUDA_RETURN(cuda::LaunchSmallGemm(in, stream));  // the f32 inputs as they are
     return absl::OkStatus();
   }
-  if (a.type == cuda::GemmType::kBF16 && a.m <= opt.split_bf16_max_rows && !opt.batch_invariant_gemm) {
-    // The f32 inputs as hi + lo bf16 rows (cuda::LaunchSplitBf16), so their
-    // rounding does not reach y.
-    RETURN_IF_ERROR(s.bf16.Reserve(static_cast<size_t>(a.batch) * 2 * a.m * a.k * 2));
-    STRATA_CUDA_RETURN(cuda::LaunchSplitBf16(static_cast<const float*>(a.x), a.batch, a.m, a.k, a.ldx, a.stride_x,
-                                             s.bf16.get(), stream));
-    cuda::GemmArgs two = a;
-    two.x = s.bf16.get();
-    two.ldx = a.k;
-    two.stride_x = int64_t{2} * a.m * a.k;
-    if (a.m <= kSplitStackedRows && !a.accumulate) {
-      // Small steps read the weights once for the 2m rows as for m: one
-      // GEMM, then the halves of its product are added.
-      RETURN_IF_ERROR(s.split_y.Reserve(static_cast<size_t>(a.batch) * 2 * a.m * a.n * sizeof(float)));
-      two.m = 2 * a.m;
-      two.y = s.split_y.as<float>();
-      two.ldy = a.n;
-      two.stride_y = int64_t{2} * a.m * a.n;
-      RETURN_IF_ERROR(gemm->Run(two, stream));
-      STRATA_CUDA_RETURN(
-          cuda::LaunchAddSplitHalves(s.split_y.as<float>(), a.batch, a.m, a.n, a.y, a.ldy, a.stride_y, stream));
-      return absl::OkStatus();
-    }
-    // Larger ones are bound by the products, not the weights: y (+)= W hi,
-    // then y += W lo (no scratch as large as y).
-    RETURN_IF_ERROR(gemm->Run(two, stream));
-    two.x = static_cast<const char*>(s.bf16.get()) + int64_t{a.m} * a.k * 2;  // the lo rows
-    two.accumulate = true;
-    return gemm->Run(two, stream);
-  }
-  if (a.type == cuda::GemmType::kBF16) {
-    // x is f32 here: the whole span the GEMM reads is converted (rounded).
+  cuda::GemmArgs a = in;
+  if (a.m > opt.split_bf16_max_rows || opt.batch_invariant_gemm) {
+    // Rounded: the whole span the GEMM reads is converted.
     const int64_t span = (a.batch - 1) * a.stride_x + (a.m - 1) * a.ldx + a.k;
     RETURN_IF_ERROR(s.bf16.Reserve(static_cast<size_t>(span) * 2));
     STRATA_CUDA_RETURN(cuda::LaunchToBf16(static_cast<const float*>(a.x), span, s.bf16.get(), stream));
     a.x = s.bf16.get();
+    return gemm->Run(a, stream);
   }
+  // The f32 inputs as hi + lo bf16 rows (cuda::LaunchSplitBf16), so their
+  // rounding does not reach y.
+  RETURN_IF_ERROR(s.bf16.Reserve(static_cast<size_t>(a.batch) * 2 * a.m * a.k * 2));
+  STRATA_CUDA_RETURN(cuda::LaunchSplitBf16(static_cast<const float*>(a.x), a.batch, a.m, a.k, a.ldx, a.stride_x,
+                                           s.bf16.get(), stream));
+  a.x = s.bf16.get();
+  a.ldx = a.k;
+  a.stride_x = int64_t{2} * a.m * a.k;
+  if (a.m <= kSplitStackedRows && !a.accumulate) {
+    // Small steps read the weights once for the 2m rows as for m: one GEMM,
+    // then the halves of its product are added.
+    RETURN_IF_ERROR(s.split_y.Reserve(static_cast<size_t>(a.batch) * 2 * a.m * a.n * sizeof(float)));
+    a.m = 2 * in.m;
+    a.y = s.split_y.as<float>();
+    a.ldy = in.n;
+    a.stride_y = int64_t{2} * in.m * in.n;
+    RETURN_IF_ERROR(gemm->Run(a, stream));
+    STRATA_CUDA_RETURN(
+        cuda::LaunchAddSplitHalves(s.split_y.as<float>(), in.batch, in.m, in.n, in.y, in.ldy, in.stride_y, stream));
+    return absl::OkStatus();
+  }
+  // Larger ones are bound by the products, not the weights: y (+)= W hi,
+  // then y += W lo (no scratch as large as y).
+  RETURN_IF_ERROR(gemm->Run(a, stream));
+  a.x = static_cast<const char*>(s.bf16.get()) + int64_t{a.m} * a.k * 2;  // the lo rows
+  a.accumulate = true;
   return gemm->Run(a, stream);
 }
 
