@@ -34,12 +34,28 @@ __device__ __forceinline__ uint32_t DevTopkKey(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Adds a block's shared histogram of kTopkBins bins into a global one, one
+// The multi-block top-k's radix digits of a key: 11, 11 and 10 bits.
+constexpr int kTopkShift1 = 21, kTopkShift2 = 10;
+constexpr int kTopkBins3 = 1024;
+static_assert(kTopkFrontInts % 4 == 0 && kTopkBins1 % 4 == 0, "histograms 16-byte aligned in the workspace");
+static_assert(kTopkBins1 == 1 << (32 - kTopkShift1) && kTopkBins2 == 1 << (kTopkShift1 - kTopkShift2) &&
+                  kTopkBins3 == 1 << kTopkShift2,
+              "the digits cover the key");
+
+// Adds a block's shared histogram of `bins` bins into a global one, one
 // atomic per non-empty bin. Call after a barrier that ends the counting.
-__device__ __forceinline__ void AddHistogram(const int* block_hist, int* global_hist) {
-  for (int i = threadIdx.x; i < kTopkBins; i += blockDim.x) {
-    const int cnt = block_hist[i];
-    if (cnt != 0) atomicAdd(&global_hist[i], cnt);
+__device__ __forceinline__ void AddHistogram(const int* block_hist, int* global_hist, int bins) {
+  constexpr int kUnroll = 8;  // shared loads in flight
+  for (int base = threadIdx.x; base < bins; base += kUnroll * blockDim.x) {
+    int cnt[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * blockDim.x;
+      cnt[u] = i < bins ? block_hist[i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (cnt[u] != 0) atomicAdd(&global_hist[base + u * blockDim.x], cnt[u]);
   }
 }
 
@@ -85,7 +101,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
   const DsaIndexerParams& p = args.p;
   __shared__ __align__(16) __nv_bfloat16 q_s[kIdxMaxHeads][kIdxQStride];
   __shared__ float w_s[kIdxMaxHeads];
-  __shared__ int hist_s[kTopkBins];  // the fused top-k histogram (top 11 key bits)
+  __shared__ int hist_s[kTopkBins1];  // the fused top-k's first-level histogram
   dev::LaunchDependents();
   const int b = blockIdx.y;
   const int64_t seq = p.seq_lens[b];
@@ -139,7 +155,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
   }
   if (tid < kIdxMaxHeads) w_s[tid] = tid < heads ? p.weights[static_cast<int64_t>(b) * heads + tid] : 0.0f;
   if (fused)
-    for (int i = tid; i < kTopkBins; i += kIdxThreads) hist_s[i] = 0;
+    for (int i = tid; i < kTopkBins1; i += kIdxThreads) hist_s[i] = 0;
   __syncthreads();
 
   const int n_head_tiles = heads / 8;
@@ -197,14 +213,14 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
       if (q == 0 && t < seq) {
         const float score = kscale[r] * sum[r];
         p.scores[b * p.score_stride + t] = score;
-        if (fused) atomicAdd(&hist_s[DevTopkKey(score) >> 21], 1);
+        if (fused) atomicAdd(&hist_s[DevTopkKey(score) >> kTopkShift1], 1);
       }
     }
     cur = nxt;
   }
   if (!fused) return;
   __syncthreads();
-  AddHistogram(hist_s, args.hist + static_cast<int64_t>(b) * kTopkFrontInts);
+  AddHistogram(hist_s, args.hist + static_cast<int64_t>(b) * kTopkFrontInts, kTopkBins1);
 }
 
 // ---- top-k --------------------------------------------------------------------
@@ -325,8 +341,8 @@ static_assert(kTkPerThread == 8, "8 scores per thread");
 using TkScan = cub::BlockScan<int, kTkThreads>;
 
 struct TopkWs {
-  int* hist;        // [kTopkBins] zero between launches
-  int* hist2;       // [kTopkBins] the candidates' next 11 bits; zero between launches
+  int* hist;        // [kTopkBins1] zero between launches; 16-byte aligned (FindBin)
+  int* hist2;       // [kTopkBins2] the candidates' next 11 bits; zero between launches
   int* ticket;      // zero between launches
   int* n_cand;      // zero between launches
   int* thr_rem;     // [2] threshold key, equal keys to take
@@ -346,10 +362,10 @@ __device__ __forceinline__ TopkWs WsFor(const TopkParams& p, int b) {
               static_cast<int64_t>(b) * (5 * chunks + 2 * p.score_stride);
   TopkWs w;
   w.hist = front;
-  w.hist2 = front + kTopkBins;
-  w.ticket = front + 2 * kTopkBins;
-  w.n_cand = front + 2 * kTopkBins + 1;
-  w.thr_rem = front + 2 * kTopkBins + 2;
+  w.hist2 = front + kTopkBins1;
+  w.ticket = front + kTopkBins1 + kTopkBins2;
+  w.n_cand = w.ticket + 1;
+  w.thr_rem = w.ticket + 2;
   w.gt = rest;
   w.cgt = rest + chunks;
   w.ceq = rest + 2 * chunks;
@@ -360,28 +376,39 @@ __device__ __forceinline__ TopkWs WsFor(const TopkParams& p, int b) {
   return w;
 }
 
-// Over `nb` bins (a multiple of kTkThreads, at most 8 per thread) read in
-// descending order, finds the bin where the running count first reaches
-// `need` (1 <= need <= total count). Every thread gets {bin, count above it}.
-template <bool kFromGlobal>
-__device__ __forceinline__ int2 FindBin(const int* h, int nb, int need,
-                                        typename TkScan::TempStorage& tmp, int2& s_out) {
-  const int per = nb / kTkThreads;
-  const int hi = nb - 1 - per * static_cast<int>(threadIdx.x);
-  int c[8];
+// Over the kPer * kTkThreads bins of `h` read in descending order, finds the
+// bin where the running count first reaches `need` (1 <= need <= total
+// count). Every thread gets {bin, count above it}.
+template <bool kFromGlobal, int kPer>
+__device__ __forceinline__ int2 FindBin(const int* h, int need, typename TkScan::TempStorage& tmp,
+                                        int2& s_out) {
+  const int hi = kPer * kTkThreads - 1 - kPer * static_cast<int>(threadIdx.x);
+  int c[kPer];  // c[j]: bin hi - j
+  if constexpr (kFromGlobal && kPer % 4 == 0) {
+    // 16-byte loads (the thread's bins are contiguous and 16-byte aligned).
+    const int4* v = reinterpret_cast<const int4*>(h + hi - kPer + 1);
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) {
+      const int4 x = __ldcg(v + i);
+      c[kPer - 1 - 4 * i] = x.x;
+      c[kPer - 2 - 4 * i] = x.y;
+      c[kPer - 3 - 4 * i] = x.z;
+      c[kPer - 4 - 4 * i] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) c[j] = kFromGlobal ? __ldcg(h + hi - j) : h[hi - j];
+  }
   int sum = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    c[j] = j < per ? (kFromGlobal ? __ldcg(h + hi - j) : h[hi - j]) : 0;
-    sum += c[j];
-  }
+  for (int j = 0; j < kPer; ++j) sum += c[j];
   int above;
   TkScan(tmp).ExclusiveSum(sum, above);
   if (above < need && above + sum >= need) {
     int run = above;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (j < per && run < need && run + c[j] >= need) s_out = make_int2(hi - j, run);
+    for (int j = 0; j < kPer; ++j) {
+      if (run < need && run + c[j] >= need) s_out = make_int2(hi - j, run);
       run += c[j];
     }
   }
@@ -392,13 +419,13 @@ __device__ __forceinline__ int2 FindBin(const int* h, int nb, int need,
 }
 
 __global__ void __launch_bounds__(kTkThreads) TopkHistKernel(const TopkParams p) {
-  __shared__ int hist[kTopkBins];
+  __shared__ int hist[kTopkBins1];
   dev::LaunchDependents();
   const int b = blockIdx.y, tid = threadIdx.x;
   const int64_t seq = p.seq_lens[b];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
   if (seq <= p.k || c0 >= seq) return;
-  for (int i = tid; i < kTopkBins; i += kTkThreads) hist[i] = 0;
+  for (int i = tid; i < kTopkBins1; i += kTkThreads) hist[i] = 0;
   __syncthreads();
   const float* sc = p.scores + b * p.score_stride + c0;
   const int n = static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk);
@@ -410,14 +437,22 @@ __global__ void __launch_bounds__(kTkThreads) TopkHistKernel(const TopkParams p)
   }
 #pragma unroll
   for (int j = 0; j < kTkPerThread; ++j)
-    if (tid + j * kTkThreads < n) atomicAdd(&hist[DevTopkKey(v[j]) >> 21], 1);
+    if (tid + j * kTkThreads < n) atomicAdd(&hist[DevTopkKey(v[j]) >> kTopkShift1], 1);
   __syncthreads();
-  AddHistogram(hist, WsFor(p, b).hist);
+  AddHistogram(hist, WsFor(p, b).hist, kTopkBins1);
 }
+
+// The last block keeps up to kTkSmemCand candidates in shared memory between
+// its two passes, and counts per chunk in shared memory for up to
+// kTkSmemChunks chunks (else in the workspace).
+constexpr int kTkSmemCand = 4096;
+constexpr int kTkSmemChunks = kTopkBins2 / 2;
 
 __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams p) {
   __shared__ typename TkScan::TempStorage scan_tmp;
-  __shared__ int hist[kTopkBins];
+  __shared__ int hist[kTopkBins2];
+  __shared__ uint32_t s_ckey[kTkSmemCand];
+  __shared__ int s_cpos[kTkSmemCand];
   __shared__ int2 s_find;
   __shared__ int s_base, s_last;
   dev::GridDependencyWait();  // the histogram is complete
@@ -429,21 +464,25 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   const int64_t n_chunks = (seq + kTopkChunk - 1) / kTopkChunk;
   const TopkWs ws = WsFor(p, b);
 
-  // The first-level bin of the k-th largest key, and how many of its keys to take.
-  const int2 f1 = FindBin<true>(ws.hist, kTopkBins, p.k, scan_tmp, s_find);
-  const uint32_t bin1 = static_cast<uint32_t>(f1.x);
-  const int rem1 = p.k - f1.y;
-
+  // The chunk's keys (in flight while the histogram is read), the
+  // first-level bin of the k-th largest key and how many of its keys to take.
   const float* sc = p.scores + b * p.score_stride + c0;
   const int n = static_cast<int>(seq - c0 < kTopkChunk ? seq - c0 : kTopkChunk);
   uint32_t key[kTkPerThread];
-  int n_gt = 0, n_c = 0;
 #pragma unroll
   for (int j = 0; j < kTkPerThread; ++j) {
     const int i = tid + j * kTkThreads;
     key[j] = i < n ? DevTopkKey(sc[i]) : 0u;
-    n_gt += (i < n && (key[j] >> 21) > bin1) ? 1 : 0;
-    n_c += (i < n && (key[j] >> 21) == bin1) ? 1 : 0;
+  }
+  const int2 f1 = FindBin<true, kTopkBins1 / kTkThreads>(ws.hist, p.k, scan_tmp, s_find);
+  const uint32_t bin1 = static_cast<uint32_t>(f1.x);
+  const int rem1 = p.k - f1.y;
+  int n_gt = 0, n_c = 0;
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    n_gt += (i < n && (key[j] >> kTopkShift1) > bin1) ? 1 : 0;
+    n_c += (i < n && (key[j] >> kTopkShift1) == bin1) ? 1 : 0;
   }
   int c_ex, c_tot, g_ex, g_tot;
   TkScan(scan_tmp).ExclusiveSum(n_c, c_ex, c_tot);
@@ -457,20 +496,20 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   }
   __syncthreads();
   int at = s_base + c_ex;
-  for (int i = tid; i < kTopkBins; i += kTkThreads) hist[i] = 0;
+  for (int i = tid; i < kTopkBins2; i += kTkThreads) hist[i] = 0;
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < kTkPerThread; ++j) {
     const int i = tid + j * kTkThreads;
-    if (i < n && (key[j] >> 21) == bin1) {
+    if (i < n && (key[j] >> kTopkShift1) == bin1) {
       ws.cand_key[at] = key[j];
       ws.cand_pos[at] = static_cast<int>(c0 + i);
       ++at;
-      atomicAdd(&hist[(key[j] >> 10) & (kTopkBins - 1)], 1);
+      atomicAdd(&hist[(key[j] >> kTopkShift2) & (kTopkBins2 - 1)], 1);
     }
   }
   __syncthreads();
-  AddHistogram(hist, ws.hist2);
+  AddHistogram(hist, ws.hist2, kTopkBins2);
 
   // The last block of the request resolves the threshold.
   __threadfence();
@@ -481,29 +520,16 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   __threadfence();
 
   const int n_cand = __ldcg(ws.n_cand);
-  const int2 f2 = FindBin<true>(ws.hist2, kTopkBins, rem1, scan_tmp, s_find);
-  const uint32_t prefix = (bin1 << 21) | (static_cast<uint32_t>(f2.x) << 10);
+  const bool cand_in_smem = n_cand <= kTkSmemCand;
+  const int2 f2 = FindBin<true, kTopkBins2 / kTkThreads>(ws.hist2, rem1, scan_tmp, s_find);
+  const uint32_t prefix = (bin1 << kTopkShift1) | (static_cast<uint32_t>(f2.x) << kTopkShift2);
+  constexpr uint32_t kPrefixMask = ~static_cast<uint32_t>(kTopkBins3 - 1);
   int rem = rem1 - f2.y;
-  // The last 10 bits, over the candidates sharing the first 22.
+  // The last 10 bits, over the candidates sharing the first 22 (kept in shared
+  // memory for the second pass when they fit).
   constexpr int kUnroll = 8;
-  for (int i = tid; i < 1024; i += kTkThreads) hist[i] = 0;
+  for (int i = tid; i < kTopkBins3; i += kTkThreads) hist[i] = 0;
   __syncthreads();
-  for (int base = 0; base < n_cand; base += kUnroll * kTkThreads) {
-    uint32_t k[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kTkThreads + tid;
-      k[u] = i < n_cand ? __ldcg(ws.cand_key + i) : 0u;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (base + u * kTkThreads + tid < n_cand && (k[u] & 0xFFFFFC00u) == prefix) atomicAdd(&hist[k[u] & 1023], 1);
-  }
-  __syncthreads();
-  const int2 f3 = FindBin<false>(hist, 1024, rem, scan_tmp, s_find);
-  const uint32_t thr = prefix | static_cast<uint32_t>(f3.x);
-  rem -= f3.y;
-
   for (int base = 0; base < n_cand; base += kUnroll * kTkThreads) {
     uint32_t k[kUnroll];
     int pos[kUnroll];
@@ -511,13 +537,46 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base + u * kTkThreads + tid;
       k[u] = i < n_cand ? __ldcg(ws.cand_key + i) : 0u;
-      pos[u] = i < n_cand ? __ldcg(ws.cand_pos + i) : 0;
+      pos[u] = i < n_cand && cand_in_smem ? __ldcg(ws.cand_pos + i) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kTkThreads + tid;
+      if (i >= n_cand) continue;
+      if ((k[u] & kPrefixMask) == prefix) atomicAdd(&hist[k[u] & (kTopkBins3 - 1)], 1);
+      if (cand_in_smem) {
+        s_ckey[i] = k[u];
+        s_cpos[i] = pos[u];
+      }
+    }
+  }
+  __syncthreads();
+  const int2 f3 = FindBin<false, kTopkBins3 / kTkThreads>(hist, rem, scan_tmp, s_find);
+  const uint32_t thr = prefix | static_cast<uint32_t>(f3.x);
+  rem -= f3.y;
+
+  // Per chunk: candidates above the threshold and equal to it.
+  const bool count_in_smem = n_chunks <= kTkSmemChunks;
+  int* cgt = count_in_smem ? hist : ws.cgt;
+  int* ceq = count_in_smem ? hist + kTkSmemChunks : ws.ceq;
+  if (count_in_smem)
+    for (int i = tid; i < 2 * kTkSmemChunks; i += kTkThreads) hist[i] = 0;
+  __syncthreads();
+  for (int base = 0; base < n_cand; base += kUnroll * kTkThreads) {
+    uint32_t k[kUnroll];
+    int pos[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kTkThreads + tid;
+      const bool in = i < n_cand;
+      k[u] = !in ? 0u : cand_in_smem ? s_ckey[i] : __ldcg(ws.cand_key + i);
+      pos[u] = !in ? 0 : cand_in_smem ? s_cpos[i] : __ldcg(ws.cand_pos + i);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (base + u * kTkThreads + tid < n_cand && k[u] >= thr) {
         const int c = pos[u] / kTopkChunk;
-        atomicAdd(k[u] > thr ? ws.cgt + c : ws.ceq + c, 1);
+        atomicAdd(k[u] > thr ? cgt + c : ceq + c, 1);
       }
     }
   }
@@ -529,8 +588,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   for (int64_t base = 0; base < n_chunks; base += kTkThreads) {
     const int64_t c = base + tid;
     const bool in = c < n_chunks;
-    const int gtc = in ? __ldcg(ws.gt + c) + __ldcg(ws.cgt + c) : 0;
-    const int eqc = in ? __ldcg(ws.ceq + c) : 0;
+    const int gtc = in ? __ldcg(ws.gt + c) + (count_in_smem ? cgt[c] : __ldcg(cgt + c)) : 0;
+    const int eqc = in ? (count_in_smem ? ceq[c] : __ldcg(ceq + c)) : 0;
     int e_ex, e_tot, s_ex, s_tot;
     TkScan(scan_tmp).ExclusiveSum(eqc, e_ex, e_tot);
     __syncthreads();
@@ -551,10 +610,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
     *ws.ticket = 0;
     *ws.n_cand = 0;
   }
-  for (int i = tid; i < kTopkBins; i += kTkThreads) {
-    ws.hist[i] = 0;
-    ws.hist2[i] = 0;
-  }
+  for (int i = tid; i < kTopkBins1; i += kTkThreads) ws.hist[i] = 0;
+  for (int i = tid; i < kTopkBins2; i += kTkThreads) ws.hist2[i] = 0;
 }
 
 __global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p) {

@@ -70,8 +70,9 @@ struct TopkParams {
 };
 
 inline constexpr int kTopkChunk = 2048;             // scores per block (multi-block path)
-inline constexpr int kTopkBins = 2048;              // first-level histogram (11 bits)
-inline constexpr int kTopkFrontInts = 2 * kTopkBins + 8;  // per request: two histograms, counters
+inline constexpr int kTopkBins1 = 2048;             // first-level histogram: the top 11 key bits
+inline constexpr int kTopkBins2 = 2048;             // second level: the next 11 bits
+inline constexpr int kTopkFrontInts = kTopkBins1 + kTopkBins2 + 8;  // per request: both histograms, counters
 
 constexpr int64_t TopkChunks(int64_t score_stride) {
   return (score_stride + kTopkChunk - 1) / kTopkChunk;
@@ -84,8 +85,8 @@ inline size_t TopkWorkspaceBytes(int batch, int64_t score_stride) {
 
 // With a workspace: three launches over chunks of 2048 scores (a histogram of
 // the top 11 key bits across all chunks; the candidates of the threshold bin
-// with a histogram of their next 11 bits, and an exact select among them;
-// then each chunk writes its positions at its offset). Without: one block per request, a three-pass radix select (11 + 11 +
+// with a histogram of their next 11 bits, and an exact select among them on
+// the last 10; then each chunk writes its positions at its offset). Without: one block per request, a three-pass radix select (11 + 11 +
 // 10 bits) of the threshold, then one ordered pass that writes the selection.
 // Both give the same result.
 cudaError_t LaunchTopk(const TopkParams& p, cudaStream_t stream);

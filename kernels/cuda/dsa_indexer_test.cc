@@ -186,5 +186,25 @@ TEST_F(DsaTest, TopkBreaksTiesTowardLowerPositions) {
   }
 }
 
+// Past 1024 chunks of 2048 scores the multi-block top-k's last block counts
+// per chunk in its workspace instead of shared memory; past 4096 candidates
+// it reads them twice from the workspace (few distinct values).
+TEST_F(DsaTest, TopkOverMoreChunksThanSharedCounters) {
+  SCOPED_TRACE(seed_);
+  testing::Rng rng(seed_);
+  const std::vector<int> lens = {1025 * 2048 + 1, 1000};
+  const int64_t stride = lens[0];
+  for (int levels : {0, 50}) {
+    std::vector<float> scores(lens.size() * stride);
+    for (float& x : scores) x = levels == 0 ? rng.Normal() : static_cast<float>(rng.Below(levels));
+    const int k = 2048;
+    const std::vector<int> got = DeviceTopk(scores, stride, lens, k);
+    for (size_t b = 0; b < lens.size(); ++b) {
+      const std::vector<int> want = ref::Topk(scores.data() + b * stride, lens[b], k);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + b * k)) << "levels " << levels << " T " << lens[b];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::cuda
