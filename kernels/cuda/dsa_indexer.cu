@@ -104,20 +104,23 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
   __shared__ int hist_s[kTopkBins1];  // the fused top-k's first-level histogram
   dev::LaunchDependents();
   const int b = blockIdx.y;
-  const int64_t seq = p.seq_lens[b];
-  const bool fused = args.hist != nullptr;
-  if (fused && seq <= args.k) return;  // top-k selects every position
-  if (static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock >= seq) return;  // the whole block
   const int tid = threadIdx.x;
-  const int heads = p.index_heads;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kIdxTokensPerBlock;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock + warp * 16;
-  const int n_tiles = first < seq ? static_cast<int>((seq - first + step - 1) / step) : 0;
+  const int64_t seq = p.seq_lens[b];
   const int* table = p.page_table + (p.page_row ? p.page_row[b] : b) * p.page_table_stride;
-
-  // Lane l holds the page of tile (i & ~31) + l while tile i is loaded.
-  int page_of_lane = 0;
+  // Lane l holds the page of tile (i & ~31) + l while tile i is loaded. The
+  // first 32 are loaded before the length is known (the entry clamped to the
+  // table row; a page past the sequence is never used).
+  int page_of_lane = p.page_table_stride > 0
+                         ? table[std::min<int64_t>((first + lane * step) / 64, p.page_table_stride - 1)]
+                         : 0;
+  const bool fused = args.hist != nullptr;
+  if (fused && seq <= args.k) return;  // top-k selects every position
+  if (static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock >= seq) return;  // the whole block
+  const int heads = p.index_heads;
+  const int n_tiles = first < seq ? static_cast<int>((seq - first + step - 1) / step) : 0;
   auto load_pages = [&](int base) {
     const int i = base + lane;
     page_of_lane = i < n_tiles ? table[(first + i * step) / 64] : 0;
@@ -127,7 +130,6 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
     const int page = __shfl_sync(0xffffffffu, page_of_lane, i & 31);
     LoadIdxTile(p.pool, page, i < n_tiles ? seq : 0, first + i * step, g, q, k);
   };
-  load_pages(0);
   IdxTile cur;
   load_tile(0, cur);  // in flight while the queries are staged
 
@@ -159,6 +161,12 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
   __syncthreads();
 
   const int n_head_tiles = heads / 8;
+  float w_head[8][2];  // this thread's head weights (columns 2q, 2q + 1 of each head tile)
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    w_head[nt][0] = w_s[nt * 8 + 2 * q];
+    w_head[nt][1] = w_s[nt * 8 + 2 * q + 1];
+  }
   for (int i = 0; i < n_tiles; ++i) {
     const int64_t t0 = first + i * step;
     IdxTile nxt;
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       if (nt < n_head_tiles) {
-        const float w0 = w_s[nt * 8 + 2 * q], w1 = w_s[nt * 8 + 2 * q + 1];
+        const float w0 = w_head[nt][0], w1 = w_head[nt][1];
         sum[0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][1], 0.0f);
         sum[1] += w0 * fmaxf(acc[nt][2], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
       }
@@ -519,6 +527,10 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   if (!s_last) return;
   __threadfence();
 
+  // (every chunk's count above the first-level bin, loaded now for the
+  // offsets at the end when one pass of the block covers the chunks)
+  const bool one_pass = n_chunks <= kTkThreads;
+  const int gt_early = one_pass && tid < n_chunks ? __ldcg(ws.gt + tid) : 0;
   const int n_cand = __ldcg(ws.n_cand);
   const bool cand_in_smem = n_cand <= kTkSmemCand;
   const int2 f2 = FindBin<true, kTopkBins2 / kTkThreads>(ws.hist2, rem1, scan_tmp, s_find);
@@ -588,7 +600,7 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   for (int64_t base = 0; base < n_chunks; base += kTkThreads) {
     const int64_t c = base + tid;
     const bool in = c < n_chunks;
-    const int gtc = in ? __ldcg(ws.gt + c) + (count_in_smem ? cgt[c] : __ldcg(cgt + c)) : 0;
+    const int gtc = in ? (one_pass ? gt_early : __ldcg(ws.gt + c)) + (count_in_smem ? cgt[c] : __ldcg(cgt + c)) : 0;
     const int eqc = in ? (count_in_smem ? ceq[c] : __ldcg(ceq + c)) : 0;
     int e_ex, e_tot, s_ex, s_tot;
     TkScan(scan_tmp).ExclusiveSum(eqc, e_ex, e_tot);
