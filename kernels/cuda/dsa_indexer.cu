@@ -482,6 +482,7 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
     const int i = tid + j * kTkThreads;
     key[j] = i < n ? DevTopkKey(sc[i]) : 0u;
   }
+  for (int i = tid; i < kTopkBins2; i += kTkThreads) hist[i] = 0;  // (FindBin's barriers order it)
   const int2 f1 = FindBin<true, kTopkBins1 / kTkThreads>(ws.hist, p.k, scan_tmp, s_find);
   const uint32_t bin1 = static_cast<uint32_t>(f1.x);
   const int rem1 = p.k - f1.y;
@@ -492,20 +493,27 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
     n_gt += (i < n && (key[j] >> kTopkShift1) > bin1) ? 1 : 0;
     n_c += (i < n && (key[j] >> kTopkShift1) == bin1) ? 1 : 0;
   }
-  int c_ex, c_tot, g_ex, g_tot;
-  TkScan(scan_tmp).ExclusiveSum(n_c, c_ex, c_tot);
-  __syncthreads();
-  TkScan(scan_tmp).ExclusiveSum(n_gt, g_ex, g_tot);
+  // One scan of both counts (each at most kTopkChunk, so 16 bits apiece).
+  int ex, tot;
+  TkScan(scan_tmp).ExclusiveSum(n_c | (n_gt << 16), ex, tot);
+  const int c_ex = ex & 0xFFFF, c_tot = tot & 0xFFFF;
+  // The candidates' place in the list: the atomic is in flight while the
+  // block counts their next 11 bits.
+  int base = 0;
   if (tid == 0) {
-    s_base = c_tot > 0 ? atomicAdd(ws.n_cand, c_tot) : 0;
-    ws.gt[chunk] = g_tot;
+    if (c_tot > 0) base = atomicAdd(ws.n_cand, c_tot);
+    ws.gt[chunk] = tot >> 16;
     ws.cgt[chunk] = 0;
     ws.ceq[chunk] = 0;
   }
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j)
+    if (tid + j * kTkThreads < n && (key[j] >> kTopkShift1) == bin1)
+      atomicAdd(&hist[(key[j] >> kTopkShift2) & (kTopkBins2 - 1)], 1);
+  if (tid == 0) s_base = base;
   __syncthreads();
+  AddHistogram(hist, ws.hist2, kTopkBins2);
   int at = s_base + c_ex;
-  for (int i = tid; i < kTopkBins2; i += kTkThreads) hist[i] = 0;
-  __syncthreads();
 #pragma unroll
   for (int j = 0; j < kTkPerThread; ++j) {
     const int i = tid + j * kTkThreads;
@@ -513,11 +521,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
       ws.cand_key[at] = key[j];
       ws.cand_pos[at] = static_cast<int>(c0 + i);
       ++at;
-      atomicAdd(&hist[(key[j] >> kTopkShift2) & (kTopkBins2 - 1)], 1);
     }
   }
-  __syncthreads();
-  AddHistogram(hist, ws.hist2, kTopkBins2);
 
   // The last block of the request resolves the threshold.
   __threadfence();
@@ -643,6 +648,19 @@ __global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p
     const int i = tid + j * kTkThreads;
     v[j] = i < n ? sc[i] : 0.0f;
   }
+  // Thread t owns positions 8t .. 8t + 7 of the chunk.
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid + j * kTkThreads;
+    s_key[i + (i >> 5)] = i < n ? DevTopkKey(v[j]) : 0u;
+  }
+  __syncthreads();
+  uint32_t key[kTkPerThread];
+#pragma unroll
+  for (int j = 0; j < kTkPerThread; ++j) {
+    const int i = tid * kTkPerThread + j;
+    key[j] = s_key[i + (i >> 5)];
+  }
   dev::GridDependencyWait();  // thresholds and chunk offsets are written
   int* out = p.indices + static_cast<int64_t>(b) * p.k;
   if (seq <= p.k) {
@@ -655,21 +673,9 @@ __global__ void __launch_bounds__(kTkThreads) TopkWriteKernel(const TopkParams p
   const uint32_t thr = static_cast<uint32_t>(ws.thr_rem[0]);
   const int rem = ws.thr_rem[1];
   const int sel_before = ws.sel_before[chunk], eq_before = ws.eq_before[chunk];
-#pragma unroll
-  for (int j = 0; j < kTkPerThread; ++j) {
-    const int i = tid + j * kTkThreads;
-    s_key[i + (i >> 5)] = i < n ? DevTopkKey(v[j]) : 0u;
-  }
-  __syncthreads();
-  // Thread t owns positions 8t .. 8t + 7 of the chunk.
-  uint32_t key[kTkPerThread];
   int n_eq = 0;
 #pragma unroll
-  for (int j = 0; j < kTkPerThread; ++j) {
-    const int i = tid * kTkPerThread + j;
-    key[j] = s_key[i + (i >> 5)];
-    n_eq += (i < n && key[j] == thr) ? 1 : 0;
-  }
+  for (int j = 0; j < kTkPerThread; ++j) n_eq += (tid * kTkPerThread + j < n && key[j] == thr) ? 1 : 0;
   int eq_ex;
   TkScan(scan_tmp).ExclusiveSum(n_eq, eq_ex);
   __syncthreads();
