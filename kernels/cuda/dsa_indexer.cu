@@ -463,10 +463,10 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   __shared__ int s_cpos[kTkSmemCand];
   __shared__ int2 s_find;
   __shared__ int s_base, s_last;
-  dev::GridDependencyWait();  // the histogram is complete
-  dev::LaunchDependents();
   const int b = blockIdx.y, tid = threadIdx.x, chunk = blockIdx.x;
-  const int64_t seq = p.seq_lens[b];
+  const int64_t seq = p.seq_lens[b];  // (not written by the kernel before: loaded before the wait)
+  dev::GridDependencyWait();          // the histogram is complete
+  dev::LaunchDependents();
   const int64_t c0 = static_cast<int64_t>(chunk) * kTopkChunk;
   if (seq <= p.k || c0 >= seq) return;
   const int64_t n_chunks = (seq + kTopkChunk - 1) / kTopkChunk;
