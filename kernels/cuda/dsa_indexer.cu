@@ -605,7 +605,8 @@ __global__ void __launch_bounds__(kTkThreads) TopkCollectKernel(const TopkParams
   for (int64_t base = 0; base < n_chunks; base += kTkThreads) {
     const int64_t c = base + tid;
     const bool in = c < n_chunks;
-    const int gtc = in ? (one_pass ? gt_early : __ldcg(ws.gt + c)) + (count_in_smem ? cgt[c] : __ldcg(cgt + c)) : 0;
+    const int gt_c = !in ? 0 : one_pass ? gt_early : __ldcg(ws.gt + c);
+    const int gtc = in ? gt_c + (count_in_smem ? cgt[c] : __ldcg(cgt + c)) : 0;
     const int eqc = in ? (count_in_smem ? ceq[c] : __ldcg(ceq + c)) : 0;
     int e_ex, e_tot, s_ex, s_tot;
     TkScan(scan_tmp).ExclusiveSum(eqc, e_ex, e_tot);

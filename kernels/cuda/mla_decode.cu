@@ -40,10 +40,17 @@ constexpr int kRawRopeStride = kRopeDim + 16; // (at 64 bytes, 8 rows' reads hit
 // the same instructions on offsets known at compile time.
 constexpr int kLatentStepsPerGroup = kLatentDim / 16 / 2;
 constexpr int kRopeStepsPerGroup = kRopeDim / 16 / 2;
-constexpr int kProducerRegs = 88, kMathRegs = 208;  // 384 x 168 at launch
+// Registers after setmaxnreg (384 x 168 at launch): a block of one item, and
+// one of several, whose item loop needs 8 more math registers (at 208 the
+// math spills); its producer gets by with 72.
+template <bool kMulti> constexpr int kProducerRegs = kMulti ? 72 : 88;
+template <bool kMulti> constexpr int kMathRegs = kMulti ? 216 : 208;
 // Named barriers: stage s full (producer -> math), stage s empty (math ->
 // producer), the score exchange (math only), the producer's own.
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarExchange = 5, kBarProducer = 6;
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarExchange = 5, kBarProducer = 6, kBarItems = 7;
+// A block takes up to kMaxItems consecutive (head group, split) items of the
+// plan and runs their stages as one pipeline (see ItemInfo).
+constexpr int kMaxItems = 32;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -51,7 +58,8 @@ static_assert(kLatentStepsPerGroup == 16 && kRopeStepsPerGroup == 2, "DeepSeek M
 static_assert(kLatentDim == 2 * 256, "PV: each math warpgroup owns 256 latent dims");
 static_assert(kTileRows % kStageRows == 0 && kStageRows == 32, "stages of 32 rows");
 static_assert(kProducerThreads == 4 * kStageRows, "four producer threads per row");
-static_assert(kProducerRegs * kProducerThreads + kMathRegs * kMathThreads <= kThreads * 168,
+static_assert(kProducerRegs<false> * kProducerThreads + kMathRegs<false> * kMathThreads <= kThreads * 168 &&
+                  kProducerRegs<true> * kProducerThreads + kMathRegs<true> * kMathThreads <= kThreads * 168,
               "setmaxnreg.inc only takes registers the producer released");
 
 struct RawStage {
@@ -62,6 +70,19 @@ struct RawStage {
   int slot[kStageRows];
 };
 
+// One work item of the block: a split of one request for one head group. Its
+// stages are stages stage_start .. stage_start + stages - 1 of the block's
+// pipeline, which runs on across items without draining; the math reloads the
+// queries only when the request or the head group changes.
+struct ItemInfo {
+  int b, split, group;
+  int first_tile;   // the split's first tile (64 entries)
+  int stages;       // its 32-row stages (0: an empty split)
+  int stage_start;
+  int seq_len;      // the request's cache length
+  int table_row;    // its page-table row
+};
+
 struct Smem {
   uint8_t q[kKBlocks][kQBlockBytes];                // queries of the 64 heads, bf16, swizzled
   uint8_t kv[kKvStages][kKBlocks][kKvBlockBytes];   // stages widened to bf16, swizzled
@@ -70,21 +91,67 @@ struct Smem {
   float c_scale[kKvStages][kStageRows]; // usable scale, 0 for masked rows
   float r_scale[kKvStages][kStageRows];
   float bias[kKvStages][kStageRows];    // 0, or -inf for masked rows
+  ItemInfo items[kMaxItems];
+  int total_stages;
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the swizzled blocks
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
-// The producer's view of one split: stage n covers entries first + 32n ...
+// Work item `flat` of the plan in (head group, work item) order, with
+// stage_start = 0.
+__device__ __forceinline__ ItemInfo ReadItem(const MlaDecodeParams& p, int flat) {
+  ItemInfo it;
+  const int* w = p.work + 4 * (flat % p.num_work);
+  it.b = w[0];
+  it.split = w[1];
+  it.group = flat / p.num_work;
+  it.first_tile = w[2];
+  it.seq_len = p.seq_lens[it.b];
+  it.table_row = p.page_row ? p.page_row[it.b] : it.b;
+  const int64_t first = static_cast<int64_t>(w[2]) * kTileRows;
+  const int64_t limit = p.indices != nullptr ? p.index_stride : it.seq_len;
+  const int64_t end = std::min<int64_t>(static_cast<int64_t>(w[3]) * kTileRows, limit);
+  it.stages = end > first ? static_cast<int>((end - first + kStageRows - 1) / kStageRows) : 0;
+  it.stage_start = 0;
+  return it;
+}
+
+// Run by the producer's first warp of a block of several items: the items
+// it0 .. it0 + n - 1 and where their stages start in the pipeline.
+__device__ __forceinline__ void LoadItems(const MlaDecodeParams& p, Smem& sm, int it0, int n, int lane) {
+  ItemInfo it = {};
+  if (lane < n) it = ReadItem(p, it0 + lane);
+  int start = it.stages;  // inclusive scan, then made exclusive
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, start, d);
+    if (lane >= d) start += v;
+  }
+  if (lane == n - 1) sm.total_stages = start;
+  it.stage_start = start - it.stages;
+  if (lane < n) sm.items[lane] = it;
+}
+
+// The producer's view of one item: its stage n covers entries (token
+// positions, or index slots) first + 32n ...
 struct StageSpan {
-  int64_t first;           // first entry (token position, or index slot)
-  int stages;
-  int64_t seq_len;         // the request's cache length
-  const int* table;        // its page-table row
-  const int* indices;      // its index row (sparse), else null
+  int64_t first;
+  int64_t seq_len;     // the request's cache length
+  const int* table;    // its page-table row
+  const int* indices;  // its index row (sparse), else null
 };
 
-// Row map of stage `n` (32 producer threads, one row each): the pool page of
-// the row (-1 when masked) and its slot.
+__device__ __forceinline__ StageSpan SpanOf(const MlaDecodeParams& p, const ItemInfo& it) {
+  StageSpan span;
+  span.first = static_cast<int64_t>(it.first_tile) * kTileRows;
+  span.seq_len = it.seq_len;
+  span.table = p.page_table + static_cast<int64_t>(it.table_row) * p.page_table_stride;
+  span.indices = p.indices != nullptr ? p.indices + static_cast<int64_t>(it.b) * p.index_stride : nullptr;
+  return span;
+}
+
+// Row map of stage `n` of a span (32 producer threads, one row each): the
+// pool page of the row (-1 when masked) and its slot.
 __device__ __forceinline__ void MapRow(const MlaDecodeParams& p, const StageSpan& span, int n,
                                        int r, int& page, int& slot) {
   const int64_t e = span.first + static_cast<int64_t>(n) * kStageRows + r;
@@ -95,6 +162,23 @@ __device__ __forceinline__ void MapRow(const MlaDecodeParams& p, const StageSpan
   if (pos < 0 || pos >= span.seq_len) return;
   slot = static_cast<int>(pos & (kPageTokens - 1));
   page = span.table[pos / kPageTokens];
+}
+
+// The producer's mapping threads walk the pipeline's stages in order; the
+// cursor holds the item of the stage last mapped. A block of one item sets it
+// once.
+struct MapCursor {
+  int k;  // index in the item table
+  ItemInfo it;
+};
+
+template <bool kMulti>
+__device__ __forceinline__ void MapStage(const MlaDecodeParams& p, const Smem& sm, MapCursor& c, int g,
+                                         int r, int& page, int& slot) {
+  if constexpr (kMulti) {
+    while (g >= c.it.stage_start + c.it.stages) c.it = sm.items[++c.k];  // g only grows
+  }
+  MapRow(p, SpanOf(p, c.it), g - c.it.stage_start, r, page, slot);
 }
 
 // Issues the cp.async copies of a stage whose row map is in `st`.
@@ -226,28 +310,29 @@ __device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, 
 }
 
 // The producer warpgroup: row maps, copies and widening, three raw stages
-// and two bf16 stages ahead of the math.
-__device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm,
-                                        const StageSpan& span) {
+// and two bf16 stages ahead of the math, over the stages of all the block's
+// items in turn (`total` of them; `cursor` set for a block of one item).
+template <bool kMulti>
+__device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int total, MapCursor cursor) {
   const int pt = threadIdx.x - kMathThreads;
   const bool mapper = pt < kStageRows;
   // Stages 0 and 1: maps, then copies (one cp.async group per stage, empty
   // groups included, so that "all but the newest group" is always stage n).
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
-    if (mapper && n < span.stages) MapRow(p, span, n, pt, sm.raw[n].page[pt], sm.raw[n].slot[pt]);
+    if (mapper && n < total) MapStage<kMulti>(p, sm, cursor, n, pt, sm.raw[n].page[pt], sm.raw[n].slot[pt]);
   }
   wgmma::BarSync(kBarProducer, kProducerThreads);
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
-    if (n < span.stages) LoadStage(p, sm.raw[n], pt);
+    if (n < total) LoadStage(p, sm.raw[n], pt);
     dev::CpAsyncCommit();
   }
   // The row map of stage n + 3 is loaded into registers one iteration before
   // it is stored, so its (dependent) index and page-table loads never stall.
   int map_page = -1, map_slot = 0;
-  if (mapper && 2 < span.stages) MapRow(p, span, 2, pt, map_page, map_slot);
-  for (int n = 0; n < span.stages; ++n) {
+  if (mapper && 2 < total) MapStage<kMulti>(p, sm, cursor, 2, pt, map_page, map_slot);
+  for (int n = 0; n < total; ++n) {
     const int next = n + 2;
     dev::CpAsyncWait<1>();                              // my copies of stage n landed
     wgmma::BarSync(kBarProducer, kProducerThreads);     // everyone's; stage n - 1 converted
@@ -256,10 +341,10 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm,
       nst.page[pt] = map_page;
       nst.slot[pt] = map_slot;
       map_page = -1;
-      if (next + 1 < span.stages) MapRow(p, span, next + 1, pt, map_page, map_slot);
+      if (next + 1 < total) MapStage<kMulti>(p, sm, cursor, next + 1, pt, map_page, map_slot);
     }
     wgmma::BarSync(kBarProducer, kProducerThreads);
-    if (next < span.stages) LoadStage(p, nst, pt);
+    if (next < total) LoadStage(p, nst, pt);
     dev::CpAsyncCommit();
     const int kv = n & 1;
     if (n >= kKvStages) wgmma::BarSync(kBarEmpty + kv, kThreads);  // the math released it
@@ -277,41 +362,52 @@ constexpr uint32_t KStepUnits(int ks, int block_bytes) {
   return static_cast<uint32_t>(((ks >> 2) * block_bytes + (ks & 3) * 32) >> 4);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDecodeParams p) {
+// kMulti = false: block (x, y) is work item x for head group y (the grid of
+// one block per item). kMulti: block x takes items x * items_per_block ... of
+// the plan's work items in (head group, work item) order — consecutive splits
+// of one request, so that at large batch a block runs several splits through
+// one pipeline with the queries loaded once. Each split's result is computed
+// exactly as a block of its own computes it (the online softmax restarts per
+// item), so the bits do not depend on the launch.
+template <bool kMulti>
+__global__ void __launch_bounds__(kThreads, 1)
+    MlaDecodeSplitKernel(const MlaDecodeParams p, int items_per_block) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // (offset arithmetic keeps the shared address space visible to the compiler)
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (dev::SmemAddr(smem_raw) & 1023)) & 1023));
   dev::LaunchDependents();  // the merge may be scheduled; it waits for this grid
 
-  const int* w = p.work + 4 * blockIdx.x;
-  const int b = w[0], split = w[1];
-  const int h0 = blockIdx.y * kHeadsPerBlock;
-  StageSpan span;
-  {
-    const int64_t first = static_cast<int64_t>(w[2]) * kTileRows;
-    const int64_t limit = p.indices != nullptr ? p.index_stride : p.seq_lens[b];
-    const int64_t end = std::min<int64_t>(static_cast<int64_t>(w[3]) * kTileRows, limit);
-    span.first = first;
-    span.stages = end > first ? static_cast<int>((end - first + kStageRows - 1) / kStageRows) : 0;
-    span.seq_len = p.seq_lens[b];
-    span.table = p.page_table + static_cast<int64_t>(p.page_row ? p.page_row[b] : b) * p.page_table_stride;
-    span.indices = p.indices != nullptr ? p.indices + static_cast<int64_t>(b) * p.index_stride : nullptr;
-  }
+  const int groups = (p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const int it0 = kMulti ? blockIdx.x * items_per_block : blockIdx.y * p.num_work + blockIdx.x;
+  const int n_items = kMulti ? min(items_per_block, p.num_work * groups - it0) : 1;
+  // A block of one item reads it in every thread; a block of several has its
+  // producer's first warp write the item table.
+  ItemInfo one = {};
+  if constexpr (!kMulti) one = ReadItem(p, it0);
   // The producer needs few registers; the math warpgroups hold 128 f32
   // accumulators of O each. The producer starts on the cache at once; the
-  // math warpgroups stage the queries meanwhile.
+  // math warpgroups stage the first item's queries meanwhile.
   if (threadIdx.x >= kMathThreads) {
-    wgmma::RegDealloc<kProducerRegs>();
-    Produce(p, sm, span);
+    wgmma::RegDealloc<kProducerRegs<kMulti>>();
+    MapCursor cursor = {-1, {}};
+    if constexpr (kMulti) {
+      if (threadIdx.x < kMathThreads + 32) LoadItems(p, sm, it0, n_items, threadIdx.x & 31);
+      wgmma::BarSync(kBarProducer, kProducerThreads);
+      wgmma::BarArrive(kBarItems, kThreads);
+      Produce<true>(p, sm, sm.total_stages, cursor);
+    } else {
+      cursor = {0, one};
+      Produce<false>(p, sm, one.stages, cursor);
+    }
     return;
   }
-  wgmma::RegAlloc<kMathRegs>();
-  // Where this split's result goes (loaded now, used after the last stage).
-  const int slot = p.split_offset[b] + split;
-  const bool single = p.split_offset[b + 1] - p.split_offset[b] == 1;
-  LoadQueries(p, sm, b, h0, threadIdx.x);
+  wgmma::RegAlloc<kMathRegs<kMulti>>();
+  LoadQueries(p, sm, kMulti ? p.work[4 * (it0 % p.num_work)] : one.b, it0 / p.num_work * kHeadsPerBlock,
+              threadIdx.x);
   wgmma::FenceProxyAsync();
   wgmma::BarSync(kBarExchange, kMathThreads);
+  if constexpr (kMulti) wgmma::BarSync(kBarItems, kThreads);  // the item table
+  const int total = kMulti ? sm.total_stages : one.stages;
 
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;  // math warpgroup, thread in it
   const int lane = threadIdx.x & 31;
@@ -325,141 +421,157 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKernel(const MlaDec
       wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][kKBlocks - 1]) + wg * 64, 16, 1024);
   const uint64_t desc_v = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][4 * wg]), kKvBlockBytes, 1024);
 
-  float o[128];  // heads row0 (+8) x this warpgroup's 256 dims: o[4j + 2i + c]
-#pragma unroll
-  for (int j = 0; j < 128; ++j) o[j] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // rows row0 and row0 + 8
-  float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
+  for (int k = 0; k < n_items; ++k) {
+    const ItemInfo& it = kMulti ? sm.items[k] : one;
+    const int b = it.b, group = it.group;
+    if (kMulti && k > 0 && (b != sm.items[k - 1].b || group != sm.items[k - 1].group)) {
+      wgmma::BarSync(kBarExchange, kMathThreads);  // both warpgroups are done with the queries
+      LoadQueries(p, sm, b, group * kHeadsPerBlock, threadIdx.x);
+      wgmma::FenceProxyAsync();
+      wgmma::BarSync(kBarExchange, kMathThreads);
+    }
+    const int h0 = group * kHeadsPerBlock;
+    const int n_begin = it.stage_start, n_end = n_begin + it.stages;
+    // Where this split's result goes (loaded now, used after the last stage).
+    const int slot = p.split_offset[b] + it.split;
+    const bool single = p.split_offset[b + 1] - p.split_offset[b] == 1;
 
-  for (int n = 0; n < span.stages; ++n) {
-    const int kv = n & 1;
-    wgmma::BarSync(kBarFull + kv, kThreads);
+    float o[128];  // heads row0 (+8) x this warpgroup's 256 dims: o[4j + 2i + c]
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY};  // rows row0 and row0 + 8
+    float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
 
-    // ---- partial scores over this warpgroup's latent (a) and rope (r) steps.
-    float a[16], r[16];
-    const uint32_t kv_units = kv * static_cast<uint32_t>(sizeof(sm.kv[0]) >> 4);
-    wgmma::Fence();
-#pragma unroll
-    for (int i = 0; i < kLatentStepsPerGroup; ++i)
-      wgmma::M64N32K16SS(a, wgmma::DescAdd(desc_q_lat, KStepUnits(i, kQBlockBytes)),
-                         wgmma::DescAdd(desc_kv_lat, kv_units + KStepUnits(i, kKvBlockBytes)),
-                         i > 0);
-#pragma unroll
-    for (int i = 0; i < kRopeStepsPerGroup; ++i)
-      wgmma::M64N32K16SS(r, wgmma::DescAdd(desc_q_rope, 2 * i),
-                         wgmma::DescAdd(desc_kv_rope, kv_units + 2 * i), i > 0);
-    wgmma::Commit();
-    wgmma::Wait<0>();
+    for (int n = n_begin; n < n_end; ++n) {
+      const int kv = n & 1;
+      wgmma::BarSync(kBarFull + kv, kThreads);
 
-    // Exchange: each warpgroup publishes v = a * c_scale + r * r_scale; both
-    // then form s = v0 + v1 from the same two values (equal bits). This
-    // thread's columns are t = 8j + 2q + {0, 1}.
-    float2 cs[4];
+      // ---- partial scores over this warpgroup's latent (a) and rope (r) steps.
+      float a[16], r[16];
+      const uint32_t kv_units = kv * static_cast<uint32_t>(sizeof(sm.kv[0]) >> 4);
+      wgmma::Fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[kv][8 * j + 2 * q]);
-    {
-      const float* rsel = sm.r_scale[kv];
+      for (int i = 0; i < kLatentStepsPerGroup; ++i)
+        wgmma::M64N32K16SS(a, wgmma::DescAdd(desc_q_lat, KStepUnits(i, kQBlockBytes)),
+                           wgmma::DescAdd(desc_kv_lat, kv_units + KStepUnits(i, kKvBlockBytes)),
+                           i > 0);
+#pragma unroll
+      for (int i = 0; i < kRopeStepsPerGroup; ++i)
+        wgmma::M64N32K16SS(r, wgmma::DescAdd(desc_q_rope, 2 * i),
+                           wgmma::DescAdd(desc_kv_rope, kv_units + 2 * i), i > 0);
+      wgmma::Commit();
+      wgmma::Wait<0>();
+
+      // Exchange: each warpgroup publishes v = a * c_scale + r * r_scale; both
+      // then form s = v0 + v1 from the same two values (equal bits). This
+      // thread's columns are t = 8j + 2q + {0, 1}.
+      float2 cs[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[kv][8 * j + 2 * q]);
+      {
+        const float* rsel = sm.r_scale[kv];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 rs = *reinterpret_cast<const float2*>(&rsel[8 * j + 2 * q]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int k = 4 * j + e;
+            a[k] = __fadd_rn(__fmul_rn(a[k], (e & 1) ? cs[j].y : cs[j].x),
+                             __fmul_rn(r[k], (e & 1) ? rs.y : rs.x));
+          }
+          sm.xs[wg][j][wt] = make_float4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]);
+        }
+      }
+      wgmma::BarSync(kBarExchange, kMathThreads);
+      float s[16];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 rs = *reinterpret_cast<const float2*>(&rsel[8 * j + 2 * q]);
+        const float4 other = sm.xs[wg ^ 1][j][wt];
+        const float2 bias = *reinterpret_cast<const float2*>(&sm.bias[kv][8 * j + 2 * q]);
+        const float ov[4] = {other.x, other.y, other.z, other.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[4 * j + e] = __fmul_rn(__fadd_rn(a[4 * j + e], ov[e]), scale_log2) + ((e & 1) ? bias.y : bias.x);
+      }
+
+      // ---- online softmax over the stage's 32 rows (heads row0, row0 + 8) -----
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int k = 0; k < 16; ++k) mx[(k >> 1) & 1] = fmaxf(mx[(k >> 1) & 1], s[k]);
+      float m_use[2], alpha[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float m_new = fmaxf(m_run[i], mx[i]);
+        m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[i] = dev::Exp2Approx(m_run[i] - m_use[i]);
+        l_run[i] *= alpha[i];
+        m_run[i] = m_new;
+      }
+      // (multiplying by 1 changes nothing, so a warp whose maxima did not move
+      // skips the 128 multiplies)
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+      }
+      // P' = p * c_scale in bf16, as the A fragments of the two 16-row steps.
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float pv[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int k = 4 * j + e;
-          a[k] = __fadd_rn(__fmul_rn(a[k], (e & 1) ? cs[j].y : cs[j].x),
-                           __fmul_rn(r[k], (e & 1) ? rs.y : rs.x));
+          pv[e] = dev::Exp2Approx(s[4 * j + e] - m_use[e >> 1]);
+          l_run[e >> 1] += pv[e];
         }
-        sm.xs[wg][j][wt] = make_float4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]);
+        pa[j >> 1][(j & 1) * 2] = dev::PackBf16x2(pv[0] * cs[j].x, pv[1] * cs[j].y);
+        pa[j >> 1][(j & 1) * 2 + 1] = dev::PackBf16x2(pv[2] * cs[j].x, pv[3] * cs[j].y);
       }
-    }
-    wgmma::BarSync(kBarExchange, kMathThreads);
-    float s[16];
+
+      // ---- O += P' V over this warpgroup's 256 dims (V = codes, MN-major) ------
+      wgmma::Fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 other = sm.xs[wg ^ 1][j][wt];
-      const float2 bias = *reinterpret_cast<const float2*>(&sm.bias[kv][8 * j + 2 * q]);
-      const float ov[4] = {other.x, other.y, other.z, other.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[4 * j + e] = __fmul_rn(__fadd_rn(a[4 * j + e], ov[e]), scale_log2) + ((e & 1) ? bias.y : bias.x);
+      for (int kk = 0; kk < 2; ++kk)
+        wgmma::M64N256K16RS(o, pa[kk], wgmma::DescAdd(desc_v, kv_units + kk * (2048 >> 4)));
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      // The producer waits for this stage only if it has a stage n + 2 to write.
+      if (n + kKvStages < total) wgmma::BarArrive(kBarEmpty + kv, kThreads);
     }
 
-    // ---- online softmax over the stage's 32 rows (heads row0, row0 + 8) -----
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int k = 0; k < 16; ++k) mx[(k >> 1) & 1] = fmaxf(mx[(k >> 1) & 1], s[k]);
-    float m_use[2], alpha[2];
+    // ---- epilogue ------------------------------------------------------------
+    float l_tot[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m_run[i], mx[i]);
-      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[i] = dev::Exp2Approx(m_run[i] - m_use[i]);
-      l_run[i] *= alpha[i];
-      m_run[i] = m_new;
+      l_tot[i] = l_run[i] + __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+      l_tot[i] = l_tot[i] + __shfl_xor_sync(0xffffffffu, l_tot[i], 2);
     }
-    // (multiplying by 1 changes nothing, so a warp whose maxima did not move
-    // skips the 128 multiplies)
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-    }
-    // P' = p * c_scale in bf16, as the A fragments of the two 16-row steps.
-    uint32_t pa[2][4];
+    for (int i = 0; i < 2; ++i) {
+      const int h = h0 + row0 + 8 * i;
+      if (h >= p.heads) continue;
+      const float inv = single ? (l_tot[i] > 0.0f ? 1.0f / l_tot[i] : 0.0f) : 1.0f;
+      float* dst = (single ? p.out + (static_cast<int64_t>(b) * p.heads + h) * kLatentDim
+                           : p.o_partial + (static_cast<int64_t>(slot) * p.heads + h) * kLatentDim) +
+                   wg * 256 + 2 * q;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float pv[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pv[e] = dev::Exp2Approx(s[4 * j + e] - m_use[e >> 1]);
-        l_run[e >> 1] += pv[e];
-      }
-      pa[j >> 1][(j & 1) * 2] = dev::PackBf16x2(pv[0] * cs[j].x, pv[1] * cs[j].y);
-      pa[j >> 1][(j & 1) * 2 + 1] = dev::PackBf16x2(pv[2] * cs[j].x, pv[3] * cs[j].y);
-    }
-
-    // ---- O += P' V over this warpgroup's 256 dims (V = codes, MN-major) ------
-    wgmma::Fence();
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
-      wgmma::M64N256K16RS(o, pa[kk], wgmma::DescAdd(desc_v, kv_units + kk * (2048 >> 4)));
-    wgmma::Commit();
-    wgmma::Wait<0>();
-    // The producer waits for this stage only if it has a stage n + 2 to write.
-    if (n + kKvStages < span.stages) wgmma::BarArrive(kBarEmpty + kv, kThreads);
-  }
-
-  // ---- epilogue ------------------------------------------------------------
-  float l_tot[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_tot[i] = l_run[i] + __shfl_xor_sync(0xffffffffu, l_run[i], 1);
-    l_tot[i] = l_tot[i] + __shfl_xor_sync(0xffffffffu, l_tot[i], 2);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int h = h0 + row0 + 8 * i;
-    if (h >= p.heads) continue;
-    const float inv = single ? (l_tot[i] > 0.0f ? 1.0f / l_tot[i] : 0.0f) : 1.0f;
-    float* dst = (single ? p.out + (static_cast<int64_t>(b) * p.heads + h) * kLatentDim
-                         : p.o_partial + (static_cast<int64_t>(slot) * p.heads + h) * kLatentDim) +
-                 wg * 256 + 2 * q;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<float2*>(dst + 8 * j) =
-          make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    if (wg == 0 && q == 0) {
-      if (single) {
-        p.lse[static_cast<int64_t>(b) * p.heads + h] =
-            l_tot[i] > 0.0f ? (m_run[i] + log2f(l_tot[i])) * kLn2 : -INFINITY;
-      } else {
-        *reinterpret_cast<float2*>(p.ml_partial + (static_cast<int64_t>(slot) * p.heads + h) * 2) =
-            make_float2(m_run[i], l_tot[i]);
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      if (wg == 0 && q == 0) {
+        if (single) {
+          p.lse[static_cast<int64_t>(b) * p.heads + h] =
+              l_tot[i] > 0.0f ? (m_run[i] + log2f(l_tot[i])) * kLn2 : -INFINITY;
+        } else {
+          *reinterpret_cast<float2*>(p.ml_partial + (static_cast<int64_t>(slot) * p.heads + h) * 2) =
+              make_float2(m_run[i], l_tot[i]);
+        }
       }
     }
   }
@@ -596,12 +708,19 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   int dev = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(MlaDecodeSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  const dim3 grid(p.num_work, (p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
-  MlaDecodeSplitKernel<<<grid, kThreads, smem, stream>>>(p);
+  // One block per item while they fit the SMs; else one wave of blocks, each
+  // taking consecutive items (at most kMaxItems).
+  const int64_t items = static_cast<int64_t>(p.num_work) * ((p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  const int per = static_cast<int>(std::min<int64_t>(kMaxItems, std::max<int64_t>(1, (items + sms - 1) / sms)));
+  const int64_t blocks = (items + per - 1) / per;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  auto* kernel = per > 1 ? MlaDecodeSplitKernel<true> : MlaDecodeSplitKernel<false>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  const dim3 grid = per > 1 ? dim3(static_cast<unsigned>(blocks))
+                            : dim3(p.num_work, (p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  kernel<<<grid, kThreads, smem, stream>>>(p, per);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // Few merge blocks (B = 1): each one's latency counts, so many loads in

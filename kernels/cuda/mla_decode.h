@@ -13,10 +13,11 @@
 //
 // Flash-decoding: the token range of a request is cut into splits whose count
 // depends only on that request's length (so a request's bits do not depend on
-// the rest of the batch); each block handles one split for 64 heads, then a
-// merge kernel combines the partial results with their max and sum. Tensor
-// cores: bf16 mma.sync with the fp8 codes widened exactly to bf16 and the
-// per-token scales applied in f32.
+// the rest of the batch); each block handles one split for 64 heads (when the
+// splits outnumber the SMs, several consecutive splits of a request through
+// one pipeline), then a merge kernel combines the partial results with their
+// max and sum. Tensor cores: bf16 wgmma with the fp8 codes widened exactly to
+// bf16 and the per-token scales applied in f32.
 //
 // Host functions are thread-compatible; launches are asynchronous on `stream`.
 #ifndef STRATA_KERNELS_CUDA_MLA_DECODE_H_
