@@ -216,14 +216,17 @@ int main(int argc, char** argv) {
         for (int i = static_cast<int>(w); i < heads; i += static_cast<int>(threads)) {
           const float* qa = &q_abs[head_list[i] * sc::kLatentDim];
           const float* qp = &q_pe[head_list[i] * sc::kRopeDim];
-          const std::vector<double> exact = Scores(rows, qa, qp, Round::kNone, scale);
-          eff[i] = EffectiveRows(exact);
-          Context(rows, exact, Round::kNone, &got[kVariants][i * sc::kLatentDim]);
-          for (int v = 0; v < kVariants; ++v) {
-            const std::vector<double> s =
-                variants[v].q == Round::kNone ? exact : Scores(rows, qa, qp, variants[v].q, scale);
-            Context(rows, s, variants[v].p, &got[v][i * sc::kLatentDim]);
-          }
+          // The scores of each query rounding, computed once (indexed by Round).
+          std::vector<double> scores[4];
+          auto scores_for = [&](Round r) -> const std::vector<double>& {
+            std::vector<double>& sr = scores[static_cast<int>(r)];
+            if (sr.empty()) sr = Scores(rows, qa, qp, r, scale);
+            return sr;
+          };
+          eff[i] = EffectiveRows(scores_for(Round::kNone));
+          Context(rows, scores_for(Round::kNone), Round::kNone, &got[kVariants][i * sc::kLatentDim]);
+          for (int v = 0; v < kVariants; ++v)
+            Context(rows, scores_for(variants[v].q), variants[v].p, &got[v][i * sc::kLatentDim]);
         }
       });
     }
