@@ -1,7 +1,7 @@
 // Device-side building blocks shared by the kernels in kernels/cuda: the fp8
 // codec in the exact arithmetic of kernels/fp8.h, exact fp8 -> bf16 widening,
-// cp.async, ex2.approx, the bf16 m16n8k16 tensor-core MMA, and programmatic
-// dependent launches.
+// cp.async, ex2.approx, the bf16 m16n8k16 tensor-core MMA, mbarriers with
+// bulk copies, and programmatic dependent launches.
 //
 // Include only from .cu files. Everything here but LaunchAfter is a pure
 // device function.
@@ -178,6 +178,52 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- mbarriers and bulk copies (the async proxy) ---------------------------
+// A bulk copy moves a contiguous run of bytes (16-byte aligned, a multiple of
+// 16) from global to shared memory and counts them against an mbarrier's
+// expected transaction bytes; waiting on the barrier's phase then makes them
+// visible to the waiting threads.
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(arrivals));
+}
+
+// After the initialising thread's MbarInit calls, before the block barrier
+// that publishes them: makes the barriers visible to the async proxy.
+__device__ __forceinline__ void MbarInitFence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// One arrival that also expects `bytes` of bulk copies in the current phase.
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void BulkCopyToShared(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SmemAddr(smem)),
+      "l"(gmem), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
 }
 
 // ---- programmatic dependent launch (PTX griddepcontrol) --------------------

@@ -7,27 +7,47 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kv_layout.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace strata::cuda {
 namespace {
 
 // ---- indexer scores ---------------------------------------------------------
-// A warp scores 16 tokens against up to 64 heads with bf16 mma.sync
-// (M = tokens, N = heads, K = 128). The reduction dimension is permuted so
-// that every thread loads its key bytes with two 16-byte loads: thread q of a
-// quad owns key bytes [32q, 32q + 32), and k-step ks uses its word ks. Query
-// element d = 32q + 4ks + j is stored at position 16ks + 4q + j of its
-// shared-memory row, so the matching B fragment is one 8-byte load.
+// Scores with e4m3 wgmma (m64n64k32: M = the 64 tokens of a page, N = 64
+// heads, K = 32 per instruction), both operands in shared memory. The queries
+// go in as two e4m3 terms per element (dsa_indexer.h): each head scaled by a
+// power of two so that its largest element lies in [128, 256), hi = e4m3(x)
+// and lo = e4m3(x - hi), both multiplied into one f32 accumulator (eight
+// wgmma per page); the head weight takes the power of two back. Heads past
+// index_heads are zero rows.
 //
-// Persistent warps (two blocks per SM): warp w of block x scores the 16-token
-// tiles x * 8 + w + i * (gridDim.x * 8), with the next tile's keys in flight
-// (in registers) while it scores one. The pages of a warp's tiles are loaded
-// 32 tiles at a time ahead of the keys, so a tile's loads wait on nothing.
-constexpr int kIdxWarps = 8;
-constexpr int kIdxThreads = kIdxWarps * 32;
-constexpr int kIdxTokensPerBlock = kIdxWarps * 16;
+// Block x of a request scores the index pages [x P / G, (x + 1) P / G) of the
+// longest request's P pages (G blocks per request, two per SM over the batch),
+// clipped to its own length, so the range is known before the length is. A
+// producer warp loads the range's page-table entries and moves whole pages
+// (codes and scales, 8448 bytes) into a ring of kIdxRing pages with bulk
+// copies; at T = 128k a block has at most eight pages, so all are requested
+// at once. The two scoring warpgroups take the pages in turn: copy the codes
+// into the 128-byte swizzled layout wgmma reads (NaN codes cleared on the
+// way, so that they count as 0), hand the ring slot back, multiply, and each
+// thread sums the weighted ReLU over its 16 head columns of its two token
+// rows (then over the quad) in a fixed order.
+constexpr int kIdxWarps = 8;                       // two scoring warpgroups
+constexpr int kIdxThreads = (kIdxWarps + 1) * 32;  // and the producer warp
+constexpr int kIdxRing = 8;                        // pages in shared memory
 constexpr int kIdxMaxHeads = 64;
-constexpr int kIdxQStride = kIndexDim + 16;   // 288-byte rows: 8-byte fragment loads conflict-free
+constexpr int kIdxTileBytes = 64 * kIndexDim;      // a swizzled 64 x 128 e4m3 operand
+struct IdxSmem {
+  uint8_t q_hi[kIdxTileBytes];      // 1024-byte aligned (swizzled operands first)
+  uint8_t q_lo[kIdxTileBytes];
+  uint8_t keys[2][kIdxTileBytes];   // per warpgroup
+  uint8_t ring[kIdxRing][kIndexPageBytes];
+  int hist[kTopkBins1];             // the fused top-k's first-level histogram
+  float w[kIdxMaxHeads];
+  uint64_t full[kIdxRing], empty[kIdxRing];
+};
+constexpr size_t kIdxSmemBytes = sizeof(IdxSmem) + 1024;  // + alignment
+constexpr int kIdxBarScorers = 1;  // named barriers: the scoring warps; 2 and 3: a warpgroup's
 
 __device__ __forceinline__ uint32_t DevTopkKey(float x) {
   const uint32_t u = __float_as_uint(x);
@@ -59,32 +79,14 @@ __device__ __forceinline__ void AddHistogram(const int* block_hist, int* global_
   }
 }
 
-// Raw key bytes and scale of rows g and g + 8 of one 16-token tile, as loaded
-// (NaN codes and unusable scales are cleared at use, so that the loads of the
-// next tile stay in flight while this one is scored).
-struct IdxTile {
-  uint4 lo[2], hi[2];
-  float scale[2];
-};
-
-__device__ __forceinline__ void LoadIdxTile(const uint8_t* pool, int page, int64_t seq, int64_t t0, int g,
-                                            int q, IdxTile& k) {
-  k.lo[0] = k.lo[1] = k.hi[0] = k.hi[1] = make_uint4(0, 0, 0, 0);
-  k.scale[0] = k.scale[1] = 0.0f;
-  if (t0 >= seq) return;
-  // The 16 tokens of a tile share one page (tiles are 16-aligned).
-  const uint8_t* base = pool + static_cast<size_t>(page) * kIndexPageBytes;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t t = t0 + g + 8 * r;
-    if (t < seq) {
-      const int slot = static_cast<int>(t & 63);
-      const uint4* src = reinterpret_cast<const uint4*>(base + slot * kIndexDim + q * 32);
-      k.lo[r] = src[0];
-      k.hi[r] = src[1];
-      k.scale[r] = reinterpret_cast<const float*>(base + kIndexPageScaleOffset)[slot];
-    }
-  }
+// Two f32 values -> two e4m3 codes (round to nearest even, finite values
+// saturated), the first in the low byte; and back, exactly.
+__device__ __forceinline__ uint32_t ToE4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float2 FromE4m3x2(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 // The indexer's launch: with hist != null (LaunchDsaIndexerTopk) requests of
@@ -99,136 +101,172 @@ struct IndexerArgs {
 
 __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const IndexerArgs args) {
   const DsaIndexerParams& p = args.p;
-  __shared__ __align__(16) __nv_bfloat16 q_s[kIdxMaxHeads][kIdxQStride];
-  __shared__ float w_s[kIdxMaxHeads];
-  __shared__ int hist_s[kTopkBins1];  // the fused top-k's first-level histogram
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  IdxSmem& sm = *reinterpret_cast<IdxSmem*>(smem_raw + ((1024 - (dev::SmemAddr(smem_raw) & 1023)) & 1023));
   dev::LaunchDependents();
   const int b = blockIdx.y;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kIdxTokensPerBlock;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock + warp * 16;
-  const int64_t seq = p.seq_lens[b];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const bool producer = warp == kIdxWarps;
+  const int64_t max_pages = (p.max_seq_len + 63) / 64;
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * max_pages / gridDim.x;
+  const int64_t p1 = static_cast<int64_t>(blockIdx.x + 1) * max_pages / gridDim.x;
   const int* table = p.page_table + (p.page_row ? p.page_row[b] : b) * p.page_table_stride;
-  // Lane l holds the page of tile (i & ~31) + l while tile i is loaded. The
-  // first 32 are loaded before the length is known (the entry clamped to the
-  // table row; a page past the sequence is never used).
-  int page_of_lane = p.page_table_stride > 0
-                         ? table[std::min<int64_t>((first + lane * step) / 64, p.page_table_stride - 1)]
-                         : 0;
-  const bool fused = args.hist != nullptr;
-  if (fused && seq <= args.k) return;  // top-k selects every position
-  if (static_cast<int64_t>(blockIdx.x) * kIdxTokensPerBlock >= seq) return;  // the whole block
+  // The producer's lane l holds the page of entry (j & ~31) + l while page j
+  // is requested; the first 32 are loaded beside the length (clamped to the
+  // table row; an entry past the request is never used).
+  int page_of_lane = 0;
+  if (producer && p.page_table_stride > 0) page_of_lane = table[std::min(p0 + lane, p.page_table_stride - 1)];
   const int heads = p.index_heads;
-  const int n_tiles = first < seq ? static_cast<int>((seq - first + step - 1) / step) : 0;
-  auto load_pages = [&](int base) {
-    const int i = base + lane;
-    page_of_lane = i < n_tiles ? table[(first + i * step) / 64] : 0;
-  };
-  auto load_tile = [&](int i, IdxTile& k) {
-    if (i < n_tiles && (i & 31) == 0 && i > 0) load_pages(i);
-    const int page = __shfl_sync(0xffffffffu, page_of_lane, i & 31);
-    LoadIdxTile(p.pool, page, i < n_tiles ? seq : 0, first + i * step, g, q, k);
-  };
-  IdxTile cur;
-  load_tile(0, cur);  // in flight while the queries are staged
-
-  // The queries: 8 loads in flight per thread.
-  constexpr int kQChunks = kIdxMaxHeads * (kIndexDim / 4) / kIdxThreads;
-  uint2 qv[kQChunks];
+  // Scoring warp w stages heads 8w .. 8w + 7; lane l holds dims 4l .. 4l + 3.
+  float4 qv[8];
+  float w_lane = 0.0f;
+  if (!producer) {
 #pragma unroll
-  for (int j = 0; j < kQChunks; ++j) {
-    const int c = tid + j * kIdxThreads, h = c / (kIndexDim / 4), c4 = c % (kIndexDim / 4);
-    qv[j] = make_uint2(0, 0);
-    if (h < heads) {
-      const int64_t base = (static_cast<int64_t>(b) * heads + h) * kIndexDim + c4 * 4;
-      if (p.q_is_bf16) {
-        qv[j] = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.q) + base);
-      } else {
-        const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + base);
-        qv[j] = make_uint2(dev::PackBf16x2(f.x, f.y), dev::PackBf16x2(f.z, f.w));
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kQChunks; ++j) {
-    const int c = tid + j * kIdxThreads, h = c / (kIndexDim / 4), c4 = c % (kIndexDim / 4);
-    *reinterpret_cast<uint2*>(&q_s[h][(c4 % 8) * 16 + (c4 / 8) * 4]) = qv[j];
-  }
-  if (tid < kIdxMaxHeads) w_s[tid] = tid < heads ? p.weights[static_cast<int64_t>(b) * heads + tid] : 0.0f;
-  if (fused)
-    for (int i = tid; i < kTopkBins1; i += kIdxThreads) hist_s[i] = 0;
-  __syncthreads();
-
-  const int n_head_tiles = heads / 8;
-  float w_head[8][2];  // this thread's head weights (columns 2q, 2q + 1 of each head tile)
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    w_head[nt][0] = w_s[nt * 8 + 2 * q];
-    w_head[nt][1] = w_s[nt * 8 + 2 * q + 1];
-  }
-  for (int i = 0; i < n_tiles; ++i) {
-    const int64_t t0 = first + i * step;
-    IdxTile nxt;
-    load_tile(i + 1, nxt);
-
-    uint32_t words[2][8];
-    float kscale[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const bool in = t0 + g + 8 * r < seq;
-      kscale[r] = in ? dev::UsableScale(cur.scale[r]) : 0.0f;
-      words[r][0] = dev::ClearNanCodes(cur.lo[r].x);
-      words[r][1] = dev::ClearNanCodes(cur.lo[r].y);
-      words[r][2] = dev::ClearNanCodes(cur.lo[r].z);
-      words[r][3] = dev::ClearNanCodes(cur.lo[r].w);
-      words[r][4] = dev::ClearNanCodes(cur.hi[r].x);
-      words[r][5] = dev::ClearNanCodes(cur.hi[r].y);
-      words[r][6] = dev::ClearNanCodes(cur.hi[r].z);
-      words[r][7] = dev::ClearNanCodes(cur.hi[r].w);
-    }
-
-    float acc[8][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      uint32_t a[4];
-      a[0] = dev::E4m3x2ToBf16x2(words[0][ks]);
-      a[1] = dev::E4m3x2ToBf16x2(words[1][ks]);
-      a[2] = dev::E4m3x2ToBf16x2(words[0][ks] >> 16);
-      a[3] = dev::E4m3x2ToBf16x2(words[1][ks] >> 16);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt < n_head_tiles) {
-          const uint2 bq = *reinterpret_cast<const uint2*>(&q_s[nt * 8 + g][ks * 16 + q * 4]);
-          dev::MmaBf16(acc[nt], a, bq.x, bq.y);
+    for (int i = 0; i < 8; ++i) {
+      const int h = 8 * warp + i;
+      qv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h < heads) {
+        const int64_t at = (static_cast<int64_t>(b) * heads + h) * kIndexDim + 4 * lane;
+        if (p.q_is_bf16) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.q) + at);
+          qv[i] = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xFFFF0000u),
+                              __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xFFFF0000u));
+        } else {
+          qv[i] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + at);
         }
       }
     }
-    float sum[2] = {0.0f, 0.0f};
+    if (lane < 8 && 8 * warp + lane < heads) w_lane = p.weights[static_cast<int64_t>(b) * heads + 8 * warp + lane];
+  }
+  const int64_t seq = p.seq_lens[b];
+  const bool fused = args.hist != nullptr;
+  if (fused && seq <= args.k) return;  // top-k selects every position
+  const int64_t n_pages = std::min(p1, (seq + 63) / 64) - p0;
+  if (n_pages <= 0) return;  // the whole block
+
+  if (tid == 0) {
+    for (int i = 0; i < kIdxRing; ++i) {
+      dev::MbarInit(&sm.full[i], 1);
+      dev::MbarInit(&sm.empty[i], 128);  // every thread of the warpgroup that takes the page
+    }
+    dev::MbarInitFence();
+  }
+  if (fused)
+    for (int i = tid; i < kTopkBins1; i += kIdxThreads) sm.hist[i] = 0;
+  __syncthreads();
+
+  if (producer) {
+    for (int64_t j = 0; j < n_pages; ++j) {
+      if ((j & 31) == 0 && j > 0) page_of_lane = j + lane < n_pages ? table[p0 + j + lane] : 0;
+      const int page = __shfl_sync(0xffffffffu, page_of_lane, static_cast<int>(j & 31));
+      if (lane == 0) {
+        const int slot = static_cast<int>(j % kIdxRing);
+        if (j >= kIdxRing) dev::MbarWait(&sm.empty[slot], static_cast<uint32_t>(j / kIdxRing - 1) & 1u);
+        dev::MbarArriveExpectTx(&sm.full[slot], kIndexPageBytes);
+        dev::BulkCopyToShared(sm.ring[slot], p.pool + static_cast<size_t>(page) * kIndexPageBytes,
+                              kIndexPageBytes, &sm.full[slot]);
+      }
+      __syncwarp();
+    }
+  } else {
+    // The query pairs, swizzled (row h, chunk c at c ^ (h % 8)), and the
+    // weights with the scale taken back. Rows past `heads` are zero.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt < n_head_tiles) {
-        const float w0 = w_head[nt][0], w1 = w_head[nt][1];
-        sum[0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][1], 0.0f);
-        sum[1] += w0 * fmaxf(acc[nt][2], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
+    for (int i = 0; i < 8; ++i) {
+      const int h = 8 * warp + i;
+      float m = fmaxf(fmaxf(fabsf(qv[i].x), fabsf(qv[i].y)), fmaxf(fabsf(qv[i].z), fabsf(qv[i].w)));
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      const uint32_t e = __float_as_uint(m) >> 23;
+      const bool scaled = e >= 8 && e < 255;
+      const float s = scaled ? __uint_as_float((261u - e) << 23) : 1.0f;  // 2^(134 - e)
+      const float x0 = qv[i].x * s, x1 = qv[i].y * s, x2 = qv[i].z * s, x3 = qv[i].w * s;
+      const uint32_t hi01 = ToE4m3x2(x0, x1), hi23 = ToE4m3x2(x2, x3);
+      const float2 h01 = FromE4m3x2(hi01), h23 = FromE4m3x2(hi23);
+      const uint32_t lo01 = ToE4m3x2(x0 - h01.x, x1 - h01.y), lo23 = ToE4m3x2(x2 - h23.x, x3 - h23.y);
+      const uint32_t at = wgmma::SwizzledChunk(h, lane >> 2) + 4 * (lane & 3);
+      *reinterpret_cast<uint32_t*>(sm.q_hi + at) = hi01 | (hi23 << 16);
+      *reinterpret_cast<uint32_t*>(sm.q_lo + at) = lo01 | (lo23 << 16);
+      const float w = __shfl_sync(0xffffffffu, w_lane, i);
+      if (lane == 0) sm.w[h] = scaled ? w * __uint_as_float((e - 7u) << 23) : w;  // w * 2^(e - 134)
+    }
+    wgmma::FenceProxyAsync();
+    wgmma::BarSync(kIdxBarScorers, kIdxWarps * 32);
+
+    const int wg = warp >> 2, wt = tid & 127, g = lane >> 2, q = lane & 3;
+    const int row0 = 16 * (warp & 3) + g;  // this thread's token rows: row0, row0 + 8
+    float w_head[8][2];  // this thread's head weights: columns 8j + 2q, 8j + 2q + 1
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      w_head[j][0] = sm.w[8 * j + 2 * q];
+      w_head[j][1] = sm.w[8 * j + 2 * q + 1];
+    }
+    uint8_t* keys = sm.keys[wg];
+    const uint64_t desc_k = wgmma::SmemDesc(dev::SmemAddr(keys), 16, 1024);
+    const uint64_t desc_hi = wgmma::SmemDesc(dev::SmemAddr(sm.q_hi), 16, 1024);
+    const uint64_t desc_lo = wgmma::SmemDesc(dev::SmemAddr(sm.q_lo), 16, 1024);
+    for (int64_t j = wg; j < n_pages; j += 2) {
+      const int slot = static_cast<int>(j % kIdxRing);
+      dev::MbarWait(&sm.full[slot], static_cast<uint32_t>(j / kIdxRing) & 1u);
+      const uint8_t* raw = sm.ring[slot];
+      const int64_t t0 = (p0 + j) * 64;
+      float kscale[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        kscale[r] = t0 + row < seq ? dev::UsableScale(reinterpret_cast<const float*>(raw + kIndexPageScaleOffset)[row])
+                                   : 0.0f;
+      }
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = reinterpret_cast<const uint4*>(raw)[wt + 128 * u];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint4 c = make_uint4(dev::ClearNanCodes(v[u].x), dev::ClearNanCodes(v[u].y),
+                                   dev::ClearNanCodes(v[u].z), dev::ClearNanCodes(v[u].w));
+        *reinterpret_cast<uint4*>(keys + wgmma::SwizzledChunk((wt >> 3) + 16 * u, wt & 7)) = c;
+      }
+      dev::MbarArrive(&sm.empty[slot]);  // (each thread releases its own reads)
+      wgmma::FenceProxyAsync();
+      if (wg == 0) {
+        wgmma::BarSync(2, 128);
+      } else {
+        wgmma::BarSync(3, 128);
+      }
+
+      float acc[32];
+      wgmma::Fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        wgmma::M64N64K32E4m3SS(acc, wgmma::DescAdd(desc_k, 2 * s), wgmma::DescAdd(desc_hi, 2 * s), s > 0);
+        wgmma::M64N64K32E4m3SS(acc, wgmma::DescAdd(desc_k, 2 * s), wgmma::DescAdd(desc_lo, 2 * s), true);
+      }
+      wgmma::Commit();
+      wgmma::Wait<0>();
+
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) {
+        const float w0 = w_head[jn][0], w1 = w_head[jn][1];
+        sum[0] += w0 * fmaxf(acc[4 * jn], 0.0f) + w1 * fmaxf(acc[4 * jn + 1], 0.0f);
+        sum[1] += w0 * fmaxf(acc[4 * jn + 2], 0.0f) + w1 * fmaxf(acc[4 * jn + 3], 0.0f);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        const int64_t t = t0 + row0 + 8 * r;
+        if (q == 0 && t < seq) {
+          const float score = kscale[r] * sum[r];
+          p.scores[b * p.score_stride + t] = score;
+          if (fused) atomicAdd(&sm.hist[DevTopkKey(score) >> kTopkShift1], 1);
+        }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      const int64_t t = t0 + g + 8 * r;
-      if (q == 0 && t < seq) {
-        const float score = kscale[r] * sum[r];
-        p.scores[b * p.score_stride + t] = score;
-        if (fused) atomicAdd(&hist_s[DevTopkKey(score) >> kTopkShift1], 1);
-      }
-    }
-    cur = nxt;
   }
   if (!fused) return;
   __syncthreads();
-  AddHistogram(hist_s, args.hist + static_cast<int64_t>(b) * kTopkFrontInts, kTopkBins1);
+  AddHistogram(sm.hist, args.hist + static_cast<int64_t>(b) * kTopkFrontInts, kTopkBins1);
 }
 
 // ---- top-k --------------------------------------------------------------------
@@ -706,12 +744,15 @@ cudaError_t LaunchIndexer(const IndexerArgs& args, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
-  // Two resident blocks per SM over the whole batch; each warp then loops over
-  // its tiles with the next one's keys in flight.
-  const int64_t blocks = (p.max_seq_len + kIdxTokensPerBlock - 1) / kIdxTokensPerBlock;
+  err = cudaFuncSetAttribute(DsaIndexerKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kIdxSmemBytes));
+  if (err != cudaSuccess) return err;
+  // Two resident blocks per SM over the whole batch, each over a run of whole
+  // pages.
+  const int64_t pages = (p.max_seq_len + 63) / 64;
   const int64_t cap = std::max<int64_t>(1, (2 * static_cast<int64_t>(sms) + p.batch - 1) / p.batch);
-  const dim3 grid(static_cast<unsigned>(std::min(blocks, cap)), p.batch);
-  DsaIndexerKernel<<<grid, kIdxThreads, 0, stream>>>(args);
+  const dim3 grid(static_cast<unsigned>(std::min(pages, cap)), p.batch);
+  DsaIndexerKernel<<<grid, kIdxThreads, kIdxSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -4,7 +4,13 @@
 //
 //   score[b,t] = sum_h w[b,h] * ReLU(q[b,h] . k_t)      t < seq_lens[b]
 //
-// k_t is the dequantised key (codes * usable per-token scale). Keys live in
+// k_t is the dequantised key (codes * usable per-token scale). The queries
+// are scored as e4m3 pairs: head h is scaled by s_h = 2^(7 - floor(log2 m_h)),
+// m_h = max_d |q_hd| (s_h = 1 when m_h < 2^-119 or is not finite), and each
+// x = q_hd * s_h is taken as hi + lo, hi = e4m3(x), lo = e4m3(x - hi), both
+// rounded to nearest even; the score uses q'_hd = (hi + lo) / s_h, within
+// 2^-8 |q_hd| + 2^-17 m_h of q_hd (a bf16 query: 2^-9 |q_hd|), and
+// reference::IndexerQueryAsScored computes it. Keys live in
 // index pages of 64 tokens (addressed through a page table like the KV cache):
 //
 //   offset   size          contents
@@ -35,7 +41,7 @@ inline constexpr size_t kIndexPageBytes = kIndexPageScaleOffset + 64 * 4;  // 84
 static_assert(kIndexPageBytes % 16 == 0, "index pages stay 16-byte aligned");
 
 struct DsaIndexerParams {
-  const void* q;             // [batch][index_heads][128] bf16 (q_is_bf16) or f32
+  const void* q;             // [batch][index_heads][128] bf16 (q_is_bf16) or f32; scored as e4m3 pairs
   bool q_is_bf16 = true;
   const float* weights;      // [batch][index_heads] per-head weights (scales folded in)
   int batch = 0;

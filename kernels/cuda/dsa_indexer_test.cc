@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -102,21 +103,45 @@ TEST_F(DsaTest, IndexerScoresAndSelection) {
       STRATA_CUDA_OK(cudaDeviceSynchronize());
       std::vector<float> scores(static_cast<size_t>(batch) * max_len);
       dscores.Download(scores.data(), scores.size() * 4);
+      // The kernel scores the queries' e4m3 pairs (dsa_indexer.h); each pair
+      // is within 2^-8 |q| + 2^-17 max|q_h| of its element.
+      std::vector<float> q_scored(q.size());
+      ref::IndexerQueryAsScored(q.data(), batch * heads, q_scored.data());
+      int64_t far = 0;
+      for (int bh = 0; bh < batch * heads; ++bh) {
+        const float* x = q.data() + static_cast<size_t>(bh) * kIndexDim;
+        double m = 0;
+        for (int d = 0; d < kIndexDim; ++d) m = std::max(m, std::fabs(static_cast<double>(x[d])));
+        for (int d = 0; d < kIndexDim; ++d) {
+          const double err = std::fabs(static_cast<double>(q_scored[static_cast<size_t>(bh) * kIndexDim + d]) - x[d]);
+          if (err > 0x1.0p-8 * std::fabs(x[d]) + 0x1.0p-17 * m) ++far;
+        }
+      }
+      EXPECT_EQ(far, 0) << "query pairs farther from the queries than the header says";
       for (int b = 0; b < batch; ++b) {
         SCOPED_TRACE(::testing::Message() << "heads " << heads << " bf16 " << q_bf16 << " T " << lens[b]);
         std::vector<double> want, bound;
-        ref::IndexerScores(keys, b, q.data() + static_cast<size_t>(b) * heads * kIndexDim,
+        ref::IndexerScores(keys, b, q_scored.data() + static_cast<size_t>(b) * heads * kIndexDim,
                            w.data() + static_cast<size_t>(b) * heads, heads, &want, &bound);
+        // e4m3 wgmma adds its products into the f32 accumulator keeping
+        // about 14 bits (reported for fp8 GEMMs on Hopper), so each of the
+        // eight instructions per dot may lose up to 2^-13 of the head's
+        // absolute sum: 2^-10 of `bound` in all (the f32 epilogue adds far
+        // less). The worst ratio seen is printed.
         int64_t bad = 0, nonfinite = 0;
+        double worst = 0;
         for (int64_t t = 0; t < lens[b]; ++t) {
           const float g = scores[b * max_len + t];
           if (!std::isfinite(g)) {
             ++nonfinite;
             continue;
           }
-          // f32 accumulation of 128-term dots and <= 64 heads: far under 2^-14 of the absolute sum.
-          if (std::fabs(g - want[t]) > 0x1.0p-14 * bound[t] + 1e-30) ++bad;
+          const double err = std::fabs(g - want[t]);
+          if (bound[t] > 0) worst = std::max(worst, err / bound[t]);
+          if (err > 0x1.0p-10 * bound[t] + 1e-30) ++bad;
         }
+        std::printf("heads %d, %s queries, T %lld: worst |score - reference| / bound = 2^%.1f\n", heads,
+                    q_bf16 ? "bf16" : "f32", static_cast<long long>(lens[b]), worst > 0 ? std::log2(worst) : -999.0);
         EXPECT_EQ(nonfinite, 0);
         EXPECT_EQ(bad, 0);
       }

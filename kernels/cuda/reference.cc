@@ -194,6 +194,26 @@ void MlaDecode(const PagedKv& kv, int b, const float* q_abs, const float* q_pe,
   }
 }
 
+void IndexerQueryAsScored(const float* q, int heads, float* out) {
+  for (int h = 0; h < heads; ++h) {
+    const float* x = q + static_cast<size_t>(h) * kIndexDim;
+    float m = 0.0f;
+    for (int d = 0; d < kIndexDim; ++d) m = std::fmax(m, std::fabs(x[d]));
+    uint32_t bits;
+    std::memcpy(&bits, &m, 4);
+    const uint32_t e = bits >> 23;  // m >= 0: the biased exponent
+    const bool scaled = e >= 8 && e < 255;
+    const float s = scaled ? std::ldexp(1.0f, 134 - static_cast<int>(e)) : 1.0f;
+    const float inv = scaled ? std::ldexp(1.0f, static_cast<int>(e) - 134) : 1.0f;
+    for (int d = 0; d < kIndexDim; ++d) {
+      const float v = x[d] * s;
+      const float hi = fp8::Decode(fp8::Encode(v));
+      const float lo = fp8::Decode(fp8::Encode(v - hi));
+      out[static_cast<size_t>(h) * kIndexDim + d] = (hi + lo) * inv;
+    }
+  }
+}
+
 void IndexerScores(const PagedKv& keys, int b, const float* q, const float* w, int heads,
                    std::vector<double>* score, std::vector<double>* bound) {
   const int64_t seq = keys.seq_lens[b];

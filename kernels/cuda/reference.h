@@ -40,6 +40,11 @@ void MlaDecode(const PagedKv& kv, int b, const float* q_abs, const float* q_pe,
                const std::vector<int>& head_list, double softmax_scale, const int* entries,
                int64_t n_entries, int threads, std::vector<double>* ctx, std::vector<double>* lse);
 
+// The query values the indexer scores with (dsa_indexer.h): each element of
+// `heads` rows of 128 as the e4m3 pair hi + lo of its head's scaled value,
+// scaled back.
+void IndexerQueryAsScored(const float* q, int heads, float* out);
+
 // Indexer scores of one request: score[t] = sum_h w_h ReLU(q_h . k_t), and
 // bound[t] = sum_h |w_h| sum_d |q_hd k_td| (for error bounds).
 void IndexerScores(const PagedKv& keys, int b, const float* q, const float* w, int heads,

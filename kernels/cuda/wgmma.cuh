@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma) building blocks: shared-memory matrix
-// descriptors for the 128-byte swizzled layout, the fences, and the two shapes
-// the MLA decode kernel uses, named barriers and register reallocation
-// (docs/gpu-kernels.md, "Absorbed MLA decode").
+// descriptors for the 128-byte swizzled layout, the fences, the two shapes
+// the MLA decode kernel uses and the e4m3 one of the DSA indexer, named
+// barriers and register reallocation (docs/gpu-kernels.md).
 //
 // Include only from .cu files compiled for sm_90a. Every function here must be
 // called by all 128 threads of a warpgroup together (the barriers: by the
@@ -69,6 +69,26 @@ __device__ __forceinline__ void M64N32K16SS(float (&d)[16], uint64_t desc_a, uin
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
         "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
         "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// d[64 x 64] (+)= A[64 x 32] * B[32 x 64], e4m3 operands in shared memory,
+// both K-major (e4m3 has no transposed form); accumulators as above with
+// j = 0..7.
+__device__ __forceinline__ void M64N64K32E4m3SS(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
