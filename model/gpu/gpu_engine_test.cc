@@ -400,9 +400,9 @@ TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
 }
 
 // With top-64 of up to 150 positions the selection matters. The engines'
-// scores differ in the last bits (generic kernel) or by bf16 rounding of
-// the queries (tuned kernel), and random weights leave near-ties, so a
-// selection may swap a boundary position; a wrong key mapping would
+// scores differ in the last bits (generic kernel) or by the e4m3 pairs the
+// tuned kernel scores the queries as, and random weights leave near-ties,
+// so a selection may swap a boundary position; a wrong key mapping would
 // change most of them.
 TEST(GpuEngineTest, TunedIndexerSelectsAsCpuEngine) {
   SKIP_WITHOUT_DEVICE();
