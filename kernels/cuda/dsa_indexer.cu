@@ -109,7 +109,10 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
   const bool producer = warp == kIdxWarps;
   const int64_t max_pages = (p.max_seq_len + 63) / 64;
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * max_pages / gridDim.x;
-  const int64_t p1 = static_cast<int64_t>(blockIdx.x + 1) * max_pages / gridDim.x;
+  // (the last block also takes any pages past max_seq_len, so that a length
+  // above it is still scored whole)
+  const int64_t p1 = blockIdx.x + 1 == gridDim.x ? INT64_MAX
+                                                 : static_cast<int64_t>(blockIdx.x + 1) * max_pages / gridDim.x;
   const int* table = p.page_table + (p.page_row ? p.page_row[b] : b) * p.page_table_stride;
   // The producer's lane l holds the page of entry (j & ~31) + l while page j
   // is requested; the first 32 are loaded beside the length (clamped to the
