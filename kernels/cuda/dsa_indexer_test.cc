@@ -178,6 +178,26 @@ TEST_F(DsaTest, IndexerScoresAndSelection) {
               << "fused scores differ, T " << lens[b];
         }
       }
+      // Batch invariance: the longest request scored alone (another grid,
+      // other blocks over its pages) gets the same bits.
+      {
+        const int bl = static_cast<int>(std::max_element(lens.begin(), lens.end()) - lens.begin());
+        const size_t esz = q_bf16 ? 2 : 4;
+        DsaIndexerParams one = p;
+        one.q = static_cast<const uint8_t*>(p.q) + static_cast<size_t>(bl) * heads * kIndexDim * esz;
+        one.weights = p.weights + static_cast<size_t>(bl) * heads;
+        one.batch = 1;
+        one.page_table = p.page_table + static_cast<size_t>(bl) * keys.stride;
+        one.seq_lens = p.seq_lens + bl;
+        one.max_seq_len = lens[bl];
+        dscores.Poison();
+        STRATA_CUDA_OK(LaunchDsaIndexer(one, nullptr));
+        STRATA_CUDA_OK(cudaDeviceSynchronize());
+        std::vector<float> alone(lens[bl]);
+        dscores.Download(alone.data(), alone.size() * 4);
+        EXPECT_EQ(0, std::memcmp(alone.data(), scores.data() + bl * max_len, lens[bl] * 4))
+            << "scores of T " << lens[bl] << " depend on the batch";
+      }
       TopkParams bad{dscores.as<float>(), max_len + 1, dlens.as<int>(), batch, k, di.as<int>()};
       bad.workspace = ws.as<void>();
       EXPECT_EQ(LaunchDsaIndexerTopk(p, bad, nullptr), cudaErrorInvalidValue);
