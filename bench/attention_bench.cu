@@ -204,24 +204,28 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
   }
 }
 
-void BenchIndexer(const Ceilings& c, int64_t t, int k) {
+// The indexer and top-k over `batch` requests of t tokens each: alone (the
+// scores), top-k alone, one after the other and fused. The B = 1 cases also
+// time the single-block top-k.
+void BenchIndexer(const Ceilings& c, int batch, int64_t t, int k) {
   if (!Selected("indexer top-k")) return;
   const int heads = 64;
   const uint64_t seed = strata::cuda::testing::FreshSeed();
-  const ref::PagedKv keys = ref::MakeRandomIndexKeys({t}, seed, 16);
+  const ref::PagedKv keys = ref::MakeRandomIndexKeys(std::vector<int64_t>(batch, t), seed, 16);
   DeviceKv d = Upload(keys);
   strata::cuda::testing::Rng rng(seed + 9);
-  std::vector<uint16_t> q(heads * sc::kIndexDim);
-  std::vector<float> w(heads);
+  std::vector<uint16_t> q(static_cast<size_t>(batch) * heads * sc::kIndexDim);
+  std::vector<float> w(static_cast<size_t>(batch) * heads);
   for (auto& x : q) x = strata::cuda::testing::ToBf16Bits(rng.Normal());
   for (auto& x : w) x = rng.Normal() * 0.1f;
-  DeviceBuffer dq(q.size() * 2), dw(w.size() * 4), scores(t * 4), idx(static_cast<size_t>(k) * 4);
+  DeviceBuffer dq(q.size() * 2), dw(w.size() * 4), scores(static_cast<size_t>(batch) * t * 4),
+      idx(static_cast<size_t>(batch) * k * 4);
   dq.Upload(q.data(), q.size() * 2);
   dw.Upload(w.data(), w.size() * 4);
   sc::DsaIndexerParams p;
   p.q = dq.as<void>();
   p.weights = dw.as<float>();
-  p.batch = 1;
+  p.batch = batch;
   p.index_heads = heads;
   p.page_table = d.table.as<int>();
   p.page_table_stride = keys.stride;
@@ -229,34 +233,40 @@ void BenchIndexer(const Ceilings& c, int64_t t, int k) {
   p.max_seq_len = t;
   p.scores = scores.as<float>();
   p.score_stride = t;
-  DeviceBuffer ws(sc::TopkWorkspaceBytes(1, t));
+  DeviceBuffer ws(sc::TopkWorkspaceBytes(batch, t));
   STRATA_CUDA_OK(cudaMemset(ws.as<void>(), 0, ws.bytes()));
-  sc::TopkParams tp{scores.as<float>(), t, d.lens.as<int>(), 1, k, idx.as<int>()};
+  sc::TopkParams tp{scores.as<float>(), t, d.lens.as<int>(), batch, k, idx.as<int>()};
   tp.workspace = ws.as<void>();
   sc::TopkParams tp1 = tp;  // the single-block kernel
   tp1.workspace = nullptr;
-  const double key_bytes = t * (sc::kIndexDim + 4.0);
-  const double flops = static_cast<double>(t) * heads * sc::kIndexDim * 2;
+  const double key_bytes = static_cast<double>(batch) * t * (sc::kIndexDim + 4.0);
+  const double flops = static_cast<double>(batch) * t * heads * sc::kIndexDim * 2;
+  char shape[64];
+  std::snprintf(shape, sizeof shape, "T=%lldk%s", static_cast<long long>(t / 1024),
+                batch == 1 ? "" : (" B=" + std::to_string(batch)).c_str());
+  const std::string sh = shape, b1 = batch == 1 ? " B=1" : "";
   const double us_score = TimeUs([&](int rep) {
     p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
     STRATA_CUDA_OK(sc::LaunchDsaIndexer(p, nullptr));
   });
-  Report(c, "indexer scores T=128k", us_score, key_bytes + t * 4.0, flops);
-  const double us_topk1 = TimeUs([&](int) { STRATA_CUDA_OK(sc::LaunchTopk(tp1, nullptr)); });
-  Report(c, "top-2048 of 128k scores, 1 block", us_topk1, t * 4.0 + k * 4.0, 0);
+  Report(c, "indexer scores " + sh, us_score, key_bytes + batch * t * 4.0, flops);
+  if (batch == 1) {
+    const double us_topk1 = TimeUs([&](int) { STRATA_CUDA_OK(sc::LaunchTopk(tp1, nullptr)); });
+    Report(c, "top-2048 of 128k scores, 1 block", us_topk1, t * 4.0 + k * 4.0, 0);
+  }
   const double us_topk = TimeUs([&](int) { STRATA_CUDA_OK(sc::LaunchTopk(tp, nullptr)); });
-  Report(c, "top-2048 of 128k scores", us_topk, t * 4.0 + k * 4.0, 0);
+  Report(c, "top-2048 of " + sh + " scores", us_topk, batch * (t * 4.0 + k * 4.0), 0);
   const double us_both = TimeUs([&](int rep) {
     p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
     STRATA_CUDA_OK(sc::LaunchDsaIndexer(p, nullptr));
     STRATA_CUDA_OK(sc::LaunchTopk(tp, nullptr));
   });
-  Report(c, "indexer then top-k T=128k B=1", us_both, key_bytes, flops);
+  Report(c, "indexer then top-k " + sh + b1, us_both, key_bytes, flops);
   const double us_fused = TimeUs([&](int rep) {
     p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
     STRATA_CUDA_OK(sc::LaunchDsaIndexerTopk(p, tp, nullptr));
   });
-  Report(c, "indexer + top-k T=128k B=1 (fused)", us_fused, key_bytes, flops);
+  Report(c, "indexer + top-k " + sh + b1 + " (fused)", us_fused, key_bytes, flops);
 }
 
 }  // namespace
@@ -298,7 +308,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> sparse_labels = {" 1 tile/split", " 2 tiles/split", " 8 tiles/split"};
   BenchDecode(c, "sparse k=2048 B=1 T=128k", {128 * K}, 2048, sparse_tiles, sparse_labels);
   BenchDecode(c, "sparse k=2048 B=64 T=8k", std::vector<int64_t>(64, 8 * K), 2048, sparse_tiles, sparse_labels);
-  BenchIndexer(c, 128 * K, 2048);
+  BenchIndexer(c, 1, 128 * K, 2048);
+  BenchIndexer(c, 64, 8 * K, 2048);
 
   std::printf("\n| case | us | TB/s | TFLOP/s | floor us | x floor |\n|---|---|---|---|---|---|\n");
   for (const Row& r : g_rows)

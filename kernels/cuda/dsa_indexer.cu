@@ -751,9 +751,10 @@ cudaError_t LaunchIndexer(const IndexerArgs& args, cudaStream_t stream) {
                              static_cast<int>(kIdxSmemBytes));
   if (err != cudaSuccess) return err;
   // Two resident blocks per SM over the whole batch, each over a run of whole
-  // pages.
+  // pages: one wave (a second, partial one would double the time of the
+  // blocks in it).
   const int64_t pages = (p.max_seq_len + 63) / 64;
-  const int64_t cap = std::max<int64_t>(1, (2 * static_cast<int64_t>(sms) + p.batch - 1) / p.batch);
+  const int64_t cap = std::max<int64_t>(1, 2 * static_cast<int64_t>(sms) / p.batch);
   const dim3 grid(static_cast<unsigned>(std::min(pages, cap)), p.batch);
   DsaIndexerKernel<<<grid, kIdxThreads, kIdxSmemBytes, stream>>>(args);
   return cudaGetLastError();
