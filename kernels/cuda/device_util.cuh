@@ -75,13 +75,18 @@ __device__ __forceinline__ uint32_t ClearNanCodes(uint32_t w) {
   return w & ~nan_bytes;
 }
 
-// Two fp8 e4m3 codes (low byte first) -> bf16x2, exactly (every e4m3 value is
-// a bf16 value): e4m3x2 -> f16x2 in hardware, then f16 -> f32 -> bf16.
-__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t two_codes) {
+// Two fp8 e4m3 codes (low byte first) -> two f32 values, exactly: e4m3x2 ->
+// f16x2 in hardware, then f16 -> f32. (NaN codes stay NaN.)
+__device__ __forceinline__ float2 E4m3x2ToFloat2(uint32_t two_codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
       static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  const __nv_bfloat162 b = __float22bfloat162_rn(f);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Two fp8 e4m3 codes (low byte first) -> bf16x2, exactly (every e4m3 value is
+// a bf16 value).
+__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t two_codes) {
+  const __nv_bfloat162 b = __float22bfloat162_rn(E4m3x2ToFloat2(two_codes));
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 

@@ -80,13 +80,9 @@ __device__ __forceinline__ void AddHistogram(const int* block_hist, int* global_
 }
 
 // Two f32 values -> two e4m3 codes (round to nearest even, finite values
-// saturated), the first in the low byte; and back, exactly.
+// saturated), the first in the low byte (dev::E4m3x2ToFloat2 reads them back).
 __device__ __forceinline__ uint32_t ToE4m3x2(float a, float b) {
   return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-}
-__device__ __forceinline__ float2 FromE4m3x2(uint32_t two_codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 // The indexer's launch: with hist != null (LaunchDsaIndexerTopk) requests of
@@ -185,7 +181,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2) DsaIndexerKernel(const Indexer
       const float s = scaled ? __uint_as_float((261u - e) << 23) : 1.0f;  // 2^(134 - e)
       const float x0 = qv[i].x * s, x1 = qv[i].y * s, x2 = qv[i].z * s, x3 = qv[i].w * s;
       const uint32_t hi01 = ToE4m3x2(x0, x1), hi23 = ToE4m3x2(x2, x3);
-      const float2 h01 = FromE4m3x2(hi01), h23 = FromE4m3x2(hi23);
+      const float2 h01 = dev::E4m3x2ToFloat2(hi01), h23 = dev::E4m3x2ToFloat2(hi23);
       const uint32_t lo01 = ToE4m3x2(x0 - h01.x, x1 - h01.y), lo23 = ToE4m3x2(x2 - h23.x, x3 - h23.y);
       const uint32_t at = wgmma::SwizzledChunk(h, lane >> 2) + 4 * (lane & 3);
       *reinterpret_cast<uint32_t*>(sm.q_hi + at) = hi01 | (hi23 << 16);
