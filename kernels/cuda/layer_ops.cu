@@ -195,16 +195,24 @@ __global__ void ToBf16Kernel(const float* x, int64_t n, __nv_bfloat16* out) {
   if (i < n) out[i] = __float2bfloat16_rn(x[i]);
 }
 
+// Element e of a (batch, m, cols) view, in row-major order.
+struct BatchRowCol {
+  int64_t b;
+  int i, col;
+};
+__device__ __forceinline__ BatchRowCol ElementOf(int64_t e, int m, int cols) {
+  const int64_t r = e / cols;
+  const int64_t b = r / m;
+  return {b, static_cast<int>(r - b * m), static_cast<int>(e - r * cols)};
+}
+
 // Row r = b * m + i of the (batch, m, k) view: hi rows at out[b][i], lo rows
 // at out[b][m + i].
 __global__ void SplitBf16Kernel(const float* x, int m, int k, int64_t ldx, int64_t stride_x, int64_t total,
                                 __nv_bfloat16* out) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (e >= total) return;
-  const int64_t r = e / k;
-  const int l = static_cast<int>(e - r * k);
-  const int64_t b = r / m;
-  const int i = static_cast<int>(r - b * m);
+  const auto [b, i, l] = ElementOf(e, m, k);
   const float v = x[b * stride_x + i * ldx + l];
   const __nv_bfloat16 hi = __float2bfloat16_rn(v);
   __nv_bfloat16* o = out + (b * 2 * m + i) * k + l;
@@ -216,10 +224,7 @@ __global__ void AddSplitHalvesKernel(const float* y2, int m, int n, int64_t ldy,
                                      float* y) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (e >= total) return;
-  const int64_t r = e / n;
-  const int j = static_cast<int>(e - r * n);
-  const int64_t b = r / m;
-  const int i = static_cast<int>(r - b * m);
+  const auto [b, i, j] = ElementOf(e, m, n);
   const float* h = y2 + (b * 2 * m + i) * n + j;
   y[b * stride_y + i * ldy + j] = h[0] + h[static_cast<int64_t>(m) * n];
 }
