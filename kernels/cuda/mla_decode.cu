@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstddef>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kv_layout.h"
@@ -13,15 +14,21 @@ namespace {
 
 // ---- tile configuration ----------------------------------------------------
 // A block handles one split of one request for 64 heads with three
-// warpgroups. The producer (warpgroup 2) copies 32-row stages of the cache
-// into shared memory (cp.async, three raw stages in flight) and widens them
-// to bf16 in the 128-byte swizzled layout wgmma reads (two stages). The two
-// math warpgroups take each stage: S = Q K^T with the 576-d contraction cut
-// between them (wgmma m64n32k16, both operands in shared memory), the partial
-// scores exchanged through shared memory so both hold the same S, the online
-// softmax in registers, then O += P' V with P' in registers and each math
-// warpgroup owning 256 of the 512 latent dims (wgmma m64n256k16). Named
-// barriers hand the bf16 stages between producer and consumers.
+// warpgroups. The producer (warpgroup 2) copies 32-row stages of the
+// cache into shared memory (cp.async, three raw stages in flight) and widens
+// them to bf16 in the 128-byte swizzled layout wgmma reads (two stages). The
+// two math warpgroups take the stages in turn (a "seesaw"): the owner of a
+// stage computes S = Q K^T over the whole 576-d contraction (wgmma
+// m64n32k16, both operands in shared memory), the online softmax and
+// P' = P * c_scale, which it publishes in shared memory with the running max
+// and the rescale factor; each math warpgroup adds P' V for its 256 of the 512
+// latent dims (m64n256k16: the owner with P' in registers, the other one from
+// shared memory, issued just before the scores of its own next stage). So
+// one warpgroup's softmax runs while the other's MMAs do, and no partial
+// scores are exchanged. Named barriers hand a widened stage to its owner
+// (full) and back to the producer (empty), and P' between the math
+// warpgroups (ready); not mbarriers, whose wait is a loop: wgmma in flight
+// across a branch would be serialised by the compiler.
 constexpr int kHeadsPerBlock = 64;            // the wgmma M
 constexpr int kMathThreads = 256;             // warpgroups 0 and 1
 constexpr int kProducerThreads = 128;         // warpgroup 2
@@ -35,26 +42,23 @@ constexpr int kKvStages = 2;
 constexpr int kRawStages = 3;
 constexpr int kRawStride = kLatentDim + 16;   // bytes; conflict-free conversion reads
 constexpr int kRawRopeStride = kRopeDim + 16; // (at 64 bytes, 8 rows' reads hit two bank groups)
-// Contraction steps of 16 columns: math warpgroup w takes the 16 latent steps
-// of blocks 4w .. 4w + 3 and rope steps 2w, 2w + 1 (of 4), so that both run
-// the same instructions on offsets known at compile time.
-constexpr int kLatentStepsPerGroup = kLatentDim / 16 / 2;
-constexpr int kRopeStepsPerGroup = kRopeDim / 16 / 2;
 // Registers after setmaxnreg (384 x 168 at launch): a block of one item, and
-// one of several, whose item loop needs 8 more math registers (at 208 the
-// math spills); its producer gets by with 72.
+// one of several, whose item loop needs 8 more math registers; the producer
+// gets by with few. (Two producer warpgroups do not fit: at 512 threads a
+// thread may hold only 128 registers, fewer than one m64n256 wgmma needs.)
 template <bool kMulti> constexpr int kProducerRegs = kMulti ? 72 : 88;
 template <bool kMulti> constexpr int kMathRegs = kMulti ? 216 : 208;
-// Named barriers: stage s full (producer -> math), stage s empty (math ->
-// producer), the score exchange (math only), the producer's own.
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarExchange = 5, kBarProducer = 6, kBarItems = 7;
+// Named barriers: stage s empty (math -> producer), P' of stage s ready
+// (owner -> other math warpgroup), the math warpgroups together (queries, row
+// sums), the producer's own, the item table, stage s full (producer -> the
+// stage's owner).
+constexpr int kBarEmpty = 1, kBarReady = 3, kBarMath = 5, kBarProducer = 6, kBarItems = 7, kBarFull = 8;
 // A block takes up to kMaxItems consecutive (head group, split) items of the
 // plan and runs their stages as one pipeline (see ItemInfo).
 constexpr int kMaxItems = 32;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-static_assert(kLatentStepsPerGroup == 16 && kRopeStepsPerGroup == 2, "DeepSeek MLA widths");
 static_assert(kLatentDim == 2 * 256, "PV: each math warpgroup owns 256 latent dims");
 static_assert(kTileRows % kStageRows == 0 && kStageRows == 32, "stages of 32 rows");
 static_assert(kProducerThreads == 4 * kStageRows, "four producer threads per row");
@@ -86,15 +90,22 @@ struct ItemInfo {
 struct Smem {
   uint8_t q[kKBlocks][kQBlockBytes];                // queries of the 64 heads, bf16, swizzled
   uint8_t kv[kKvStages][kKBlocks][kKvBlockBytes];   // stages widened to bf16, swizzled
+  // P' of stage s (bf16, 64 heads x 32 rows) in columns 32s .. 32s + 31 of
+  // one swizzled block of 64 rows of 128 bytes (1024-byte aligned, as q and kv).
+  uint8_t pp[kHeadsPerBlock * 128];
   RawStage raw[kRawStages];
-  float4 xs[2][4][128];                 // partial scores exchanged: [warpgroup][reg / 4][thread]
   float c_scale[kKvStages][kStageRows]; // usable scale, 0 for masked rows
   float r_scale[kKvStages][kStageRows];
   float bias[kKvStages][kStageRows];    // 0, or -inf for masked rows
+  float alpha[kKvStages][kHeadsPerBlock];  // published with P': exp2(previous max - new max)
+  float m[kKvStages][kHeadsPerBlock];      // and the running max after the stage (log2 units)
+  float l_part[2][kHeadsPerBlock];         // epilogue: each math warpgroup's row sums
   ItemInfo items[kMaxItems];
   int total_stages;
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the swizzled blocks
+static_assert(kBarFull + kKvStages <= 16, "named barrier ids");
+static_assert(offsetof(Smem, kv) % 1024 == 0 && offsetof(Smem, pp) % 1024 == 0, "swizzled atoms");
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
 // Work item `flat` of the plan in (head group, work item) order, with
@@ -349,7 +360,7 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
     const int kv = n & 1;
     if (n >= kKvStages) wgmma::BarSync(kBarEmpty + kv, kThreads);  // the math released it
     ConvertStage(sm, sm.raw[n % kRawStages], kv, pt);
-    wgmma::BarArrive(kBarFull + kv, kThreads);
+    wgmma::BarArrive(kBarFull + kv, kProducerThreads + kMathThreads / 2);
   }
 }
 
@@ -362,13 +373,30 @@ constexpr uint32_t KStepUnits(int ks, int block_bytes) {
   return static_cast<uint32_t>(((ks >> 2) * block_bytes + (ks & 3) * 32) >> 4);
 }
 
+// O and this thread's row-sum shares times alpha (per head row). Called with
+// no wgmma in flight: a warp whose factors are all 1 skips the multiplies
+// (they would change nothing).
+__device__ __forceinline__ void Rescale(float (&o)[128], float (&l)[2], const float (&alpha)[2]) {
+  l[0] *= alpha[0];
+  l[1] *= alpha[1];
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+}
+
 // kMulti = false: block (x, y) is work item x for head group y (the grid of
 // one block per item). kMulti: block x takes items x * items_per_block ... of
 // the plan's work items in (head group, work item) order — consecutive splits
 // of one request, so that at large batch a block runs several splits through
 // one pipeline with the queries loaded once. Each split's result is computed
 // exactly as a block of its own computes it (the online softmax restarts per
-// item), so the bits do not depend on the launch.
+// item, whose first stage is always math warpgroup 0's), so the bits do not
+// depend on the launch.
 template <bool kMulti>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeSplitKernel(const MlaDecodeParams p, int items_per_block) {
@@ -405,33 +433,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   LoadQueries(p, sm, kMulti ? p.work[4 * (it0 % p.num_work)] : one.b, it0 / p.num_work * kHeadsPerBlock,
               threadIdx.x);
   wgmma::FenceProxyAsync();
-  wgmma::BarSync(kBarExchange, kMathThreads);
+  wgmma::BarSync(kBarMath, kMathThreads);
   if constexpr (kMulti) wgmma::BarSync(kBarItems, kThreads);  // the item table
-  const int total = kMulti ? sm.total_stages : one.stages;
 
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;  // math warpgroup, thread in it
   const int lane = threadIdx.x & 31;
   const int row0 = ((wt >> 5) << 4) + (lane >> 2);  // heads row0 and row0 + 8 of the block
   const int q = lane & 3;
   const float scale_log2 = p.softmax_scale * kLog2e;
-  const uint64_t desc_q_lat = wgmma::SmemDesc(dev::SmemAddr(sm.q[4 * wg]), 16, 1024);
-  const uint64_t desc_kv_lat = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][4 * wg]), 16, 1024);
-  const uint64_t desc_q_rope = wgmma::SmemDesc(dev::SmemAddr(sm.q[kKBlocks - 1]) + wg * 64, 16, 1024);
-  const uint64_t desc_kv_rope =
-      wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][kKBlocks - 1]) + wg * 64, 16, 1024);
+  constexpr uint32_t kKvStageUnits = sizeof(sm.kv[0]) >> 4;
+  const uint64_t desc_q = wgmma::SmemDesc(dev::SmemAddr(sm.q[0]), 16, 1024);
+  const uint64_t desc_k = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][0]), 16, 1024);
+  const uint64_t desc_q_rope = wgmma::SmemDesc(dev::SmemAddr(sm.q[kKBlocks - 1]), 16, 1024);
+  const uint64_t desc_k_rope = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][kKBlocks - 1]), 16, 1024);
   const uint64_t desc_v = wgmma::SmemDesc(dev::SmemAddr(sm.kv[0][4 * wg]), kKvBlockBytes, 1024);
+  const uint64_t desc_p = wgmma::SmemDesc(dev::SmemAddr(sm.pp), 16, 1024);
 
   for (int k = 0; k < n_items; ++k) {
     const ItemInfo& it = kMulti ? sm.items[k] : one;
     const int b = it.b, group = it.group;
     if (kMulti && k > 0 && (b != sm.items[k - 1].b || group != sm.items[k - 1].group)) {
-      wgmma::BarSync(kBarExchange, kMathThreads);  // both warpgroups are done with the queries
+      wgmma::BarSync(kBarMath, kMathThreads);  // both warpgroups are done with the queries
       LoadQueries(p, sm, b, group * kHeadsPerBlock, threadIdx.x);
       wgmma::FenceProxyAsync();
-      wgmma::BarSync(kBarExchange, kMathThreads);
+      wgmma::BarSync(kBarMath, kMathThreads);
     }
     const int h0 = group * kHeadsPerBlock;
-    const int n_begin = it.stage_start, n_end = n_begin + it.stages;
+    const int n = it.stages, start = it.stage_start;
     // Where this split's result goes (loaded now, used after the last stage).
     const int slot = p.split_offset[b] + it.split;
     const bool single = p.split_offset[b + 1] - p.split_offset[b] == 1;
@@ -440,118 +468,184 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 128; ++j) o[j] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY};  // rows row0 and row0 + 8
-    float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
+    float l_run[2] = {0.0f, 0.0f};            // this thread's share of this warpgroup's row sums
+    float a[16], r[16];                       // S of the own stage: latent and rope parts
 
-    for (int n = n_begin; n < n_end; ++n) {
-      const int kv = n & 1;
-      wgmma::BarSync(kBarFull + kv, kThreads);
-
-      // ---- partial scores over this warpgroup's latent (a) and rope (r) steps.
-      float a[16], r[16];
-      const uint32_t kv_units = kv * static_cast<uint32_t>(sizeof(sm.kv[0]) >> 4);
-      wgmma::Fence();
+    // Pipeline stage g's S (this warpgroup owns it), issued.
+    auto issue_scores = [&](int g) {
+      const uint32_t kv_units = (g & 1) * kKvStageUnits;
 #pragma unroll
-      for (int i = 0; i < kLatentStepsPerGroup; ++i)
-        wgmma::M64N32K16SS(a, wgmma::DescAdd(desc_q_lat, KStepUnits(i, kQBlockBytes)),
-                           wgmma::DescAdd(desc_kv_lat, kv_units + KStepUnits(i, kKvBlockBytes)),
+      for (int i = 0; i < kLatentDim / 16; ++i)
+        wgmma::M64N32K16SS(a, wgmma::DescAdd(desc_q, KStepUnits(i, kQBlockBytes)),
+                           wgmma::DescAdd(desc_k, kv_units + KStepUnits(i, kKvBlockBytes)), i > 0);
+#pragma unroll
+      for (int i = 0; i < kRopeDim / 16; ++i)
+        wgmma::M64N32K16SS(r, wgmma::DescAdd(desc_q_rope, 2 * i), wgmma::DescAdd(desc_k_rope, kv_units + 2 * i),
                            i > 0);
+    };
+    // The other warpgroup's stage g: wait until it has published P', then
+    // take its running max and its factor.
+    auto take_other = [&](int g, float (&f)[2]) {
+      const int kv = g & 1;
+      wgmma::BarSync(kBarReady + kv, kMathThreads);
+      f[0] = sm.alpha[kv][row0];
+      f[1] = sm.alpha[kv][row0 + 8];
+      m_run[0] = sm.m[kv][row0];
+      m_run[1] = sm.m[kv][row0 + 8];
+    };
+    // O += P' V of stage g (P' from shared memory), issued.
+    auto issue_other_pv = [&](int g) {
+      const int kv = g & 1;
 #pragma unroll
-      for (int i = 0; i < kRopeStepsPerGroup; ++i)
-        wgmma::M64N32K16SS(r, wgmma::DescAdd(desc_q_rope, 2 * i),
-                           wgmma::DescAdd(desc_kv_rope, kv_units + 2 * i), i > 0);
-      wgmma::Commit();
-      wgmma::Wait<0>();
-
-      // Exchange: each warpgroup publishes v = a * c_scale + r * r_scale; both
-      // then form s = v0 + v1 from the same two values (equal bits). This
-      // thread's columns are t = 8j + 2q + {0, 1}.
-      float2 cs[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[kv][8 * j + 2 * q]);
-      {
-        const float* rsel = sm.r_scale[kv];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 rs = *reinterpret_cast<const float2*>(&rsel[8 * j + 2 * q]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int k = 4 * j + e;
-            a[k] = __fadd_rn(__fmul_rn(a[k], (e & 1) ? cs[j].y : cs[j].x),
-                             __fmul_rn(r[k], (e & 1) ? rs.y : rs.x));
-          }
-          sm.xs[wg][j][wt] = make_float4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]);
-        }
-      }
-      wgmma::BarSync(kBarExchange, kMathThreads);
-      float s[16];
+      for (int kk = 0; kk < 2; ++kk)
+        wgmma::M64N256K16SS(o, wgmma::DescAdd(desc_p, kv * 4 + 2 * kk),
+                            wgmma::DescAdd(desc_v, kv * kKvStageUnits + kk * (2048 >> 4)));
+    };
+    // The own stage g once its S has landed, part 1 (needs nothing from the
+    // other warpgroup): s = (a * c_scale + r * r_scale) * scale + bias (log2
+    // units; this thread's columns are t = 8j + 2q + {0, 1}) and the row maxima.
+    float s[16], mx[2];
+    float2 cs[4];
+    auto scores = [&](int g) {
+      const int kv = g & 1;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float4 other = sm.xs[wg ^ 1][j][wt];
+        cs[j] = *reinterpret_cast<const float2*>(&sm.c_scale[kv][8 * j + 2 * q]);
+        const float2 rs = *reinterpret_cast<const float2*>(&sm.r_scale[kv][8 * j + 2 * q]);
         const float2 bias = *reinterpret_cast<const float2*>(&sm.bias[kv][8 * j + 2 * q]);
-        const float ov[4] = {other.x, other.y, other.z, other.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[4 * j + e] = __fmul_rn(__fadd_rn(a[4 * j + e], ov[e]), scale_log2) + ((e & 1) ? bias.y : bias.x);
+        for (int e = 0; e < 4; ++e) {
+          const int t = 4 * j + e;
+          s[t] = __fmul_rn(__fadd_rn(__fmul_rn(a[t], (e & 1) ? cs[j].y : cs[j].x),
+                                     __fmul_rn(r[t], (e & 1) ? rs.y : rs.x)),
+                           scale_log2) +
+                 ((e & 1) ? bias.y : bias.x);
+        }
       }
-
-      // ---- online softmax over the stage's 32 rows (heads row0, row0 + 8) -----
-      float mx[2] = {-INFINITY, -INFINITY};
+      mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) mx[(k >> 1) & 1] = fmaxf(mx[(k >> 1) & 1], s[k]);
-      float m_use[2], alpha[2];
+      for (int t = 0; t < 16; ++t) mx[(t >> 1) & 1] = fmaxf(mx[(t >> 1) & 1], s[t]);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      }
+    };
+    // Part 2, with m_run the running max before stage g: the new max and
+    // factor, P' = p * c_scale in bf16 (A fragments of the two 16-row steps,
+    // and in shared memory with the max and the factor for the other
+    // warpgroup, then published) and the row sums.
+    uint32_t pa[2][4];
+    float alpha[2], lsum[2];
+    auto publish = [&](int g) {
+      const int kv = g & 1;
+      float m_use[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
         const float m_new = fmaxf(m_run[i], mx[i]);
         m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
         alpha[i] = dev::Exp2Approx(m_run[i] - m_use[i]);
-        l_run[i] *= alpha[i];
         m_run[i] = m_new;
+        lsum[i] = 0.0f;
       }
-      // (multiplying by 1 changes nothing, so a warp whose maxima did not move
-      // skips the 128 multiplies)
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j] *= alpha[0];
-          o[4 * j + 1] *= alpha[0];
-          o[4 * j + 2] *= alpha[1];
-          o[4 * j + 3] *= alpha[1];
-        }
-      }
-      // P' = p * c_scale in bf16, as the A fragments of the two 16-row steps.
-      uint32_t pa[2][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float pv[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           pv[e] = dev::Exp2Approx(s[4 * j + e] - m_use[e >> 1]);
-          l_run[e >> 1] += pv[e];
+          lsum[e >> 1] += pv[e];
         }
-        pa[j >> 1][(j & 1) * 2] = dev::PackBf16x2(pv[0] * cs[j].x, pv[1] * cs[j].y);
-        pa[j >> 1][(j & 1) * 2 + 1] = dev::PackBf16x2(pv[2] * cs[j].x, pv[3] * cs[j].y);
+        const uint32_t w0 = dev::PackBf16x2(pv[0] * cs[j].x, pv[1] * cs[j].y);
+        const uint32_t w1 = dev::PackBf16x2(pv[2] * cs[j].x, pv[3] * cs[j].y);
+        pa[j >> 1][(j & 1) * 2] = w0;
+        pa[j >> 1][(j & 1) * 2 + 1] = w1;
+        *reinterpret_cast<uint32_t*>(sm.pp + wgmma::SwizzledChunk(row0, 4 * kv + j) + 4 * q) = w0;
+        *reinterpret_cast<uint32_t*>(sm.pp + wgmma::SwizzledChunk(row0 + 8, 4 * kv + j) + 4 * q) = w1;
       }
-
-      // ---- O += P' V over this warpgroup's 256 dims (V = codes, MN-major) ------
+      // (the four threads of a row store the same values)
+      sm.alpha[kv][row0] = alpha[0];
+      sm.alpha[kv][row0 + 8] = alpha[1];
+      sm.m[kv][row0] = m_run[0];
+      sm.m[kv][row0 + 8] = m_run[1];
+      wgmma::FenceProxyAsync();
+      wgmma::BarArrive(kBarReady + kv, kMathThreads);
+    };
+    // O += P' V for the own stage g (P' in registers), then its release.
+    auto own_pv = [&](int g) {
+      const int kv = g & 1;
+      Rescale(o, l_run, alpha);
+      l_run[0] += lsum[0];
+      l_run[1] += lsum[1];
       wgmma::Fence();
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk)
-        wgmma::M64N256K16RS(o, pa[kk], wgmma::DescAdd(desc_v, kv_units + kk * (2048 >> 4)));
+        wgmma::M64N256K16RS(o, pa[kk], wgmma::DescAdd(desc_v, kv * kKvStageUnits + kk * (2048 >> 4)));
       wgmma::Commit();
       wgmma::Wait<0>();
-      // The producer waits for this stage only if it has a stage n + 2 to write.
-      if (n + kKvStages < total) wgmma::BarArrive(kBarEmpty + kv, kThreads);
+      wgmma::BarArrive(kBarEmpty + kv, kThreads);
+    };
+    // Warpgroup w owns the item's stages i with i % 2 == w (so an item's
+    // bits do not depend on where its stages fall in the pipeline). Iteration
+    // j: the other's stage j - 1 first (its P' V frees that buffer for the
+    // producer soonest: with two buffers that gates the pipeline), with the
+    // own stage j's S behind it on the tensor cores; then the softmax of
+    // stage j, which the other warpgroup waits for while it runs its own MMAs.
+    // (Issuing S before waiting for the other's P', or the other's P' V after
+    // the own softmax, measured 14 % slower: bench/RESULTS.md.)
+    if (wg == 0 && n > 0) {
+      wgmma::BarSync(kBarFull + (start & 1), kProducerThreads + kMathThreads / 2);
+      wgmma::Fence();
+      issue_scores(start);
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      scores(start);
+      publish(start);
+      own_pv(start);
+    }
+    for (int j = wg == 0 ? 2 : 1; j < n; j += 2) {
+      const int g = start + j;
+      float f[2];
+      take_other(g - 1, f);
+      Rescale(o, l_run, f);
+      wgmma::Fence();
+      issue_other_pv(g - 1);
+      wgmma::Commit();
+      wgmma::BarSync(kBarFull + (g & 1), kProducerThreads + kMathThreads / 2);
+      wgmma::Fence();
+      issue_scores(g);
+      wgmma::Commit();
+      wgmma::Wait<1>();  // the other's stage is done with: the producer may refill it
+      wgmma::BarArrive(kBarEmpty + ((g - 1) & 1), kThreads);
+      wgmma::Wait<0>();
+      scores(g);
+      publish(g);
+      own_pv(g);
+    }
+    if (n > 0 && ((n - 1) & 1) != wg) {  // the item's last stage is the other's
+      const int g = start + n - 1;
+      float f[2];
+      take_other(g, f);
+      Rescale(o, l_run, f);
+      wgmma::Fence();
+      issue_other_pv(g);
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::BarArrive(kBarEmpty + (g & 1), kThreads);
     }
 
-    // ---- epilogue ------------------------------------------------------------
+    // ---- epilogue: the row sums of both warpgroups, added in a fixed order ----
     float l_tot[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_tot[i] = l_run[i] + __shfl_xor_sync(0xffffffffu, l_run[i], 1);
       l_tot[i] = l_tot[i] + __shfl_xor_sync(0xffffffffu, l_tot[i], 2);
+      sm.l_part[wg][row0 + 8 * i] = l_tot[i];
     }
+    wgmma::BarSync(kBarMath, kMathThreads);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l_tot[i] = sm.l_part[0][row0 + 8 * i] + sm.l_part[1][row0 + 8 * i];
+    wgmma::BarSync(kBarMath, kMathThreads);  // read before a next item writes
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int h = h0 + row0 + 8 * i;
