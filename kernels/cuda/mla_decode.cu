@@ -105,6 +105,10 @@ struct Smem {
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the swizzled blocks
 static_assert(kBarFull + kKvStages <= 16, "named barrier ids");
+// Stage g uses buffer g & 1, and its P' (32 bf16 columns, kPStageUnits 16-byte
+// chunks) columns 32 (g & 1) .. of the 128-byte rows of `pp`.
+constexpr uint32_t kPStageUnits = kStageRows * 2 / 16;
+static_assert(kKvStages == 2 && kKvStages * kPStageUnits * 16 == 128, "two stages, one P' block");
 static_assert(offsetof(Smem, kv) % 1024 == 0 && offsetof(Smem, pp) % 1024 == 0, "swizzled atoms");
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
@@ -498,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int kv = g & 1;
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk)
-        wgmma::M64N256K16SS(o, wgmma::DescAdd(desc_p, kv * 4 + 2 * kk),
+        wgmma::M64N256K16SS(o, wgmma::DescAdd(desc_p, kv * kPStageUnits + 2 * kk),
                             wgmma::DescAdd(desc_v, kv * kKvStageUnits + kk * (2048 >> 4)));
     };
     // The own stage g once its S has landed, part 1 (needs nothing from the
@@ -560,8 +564,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t w1 = dev::PackBf16x2(pv[2] * cs[j].x, pv[3] * cs[j].y);
         pa[j >> 1][(j & 1) * 2] = w0;
         pa[j >> 1][(j & 1) * 2 + 1] = w1;
-        *reinterpret_cast<uint32_t*>(sm.pp + wgmma::SwizzledChunk(row0, 4 * kv + j) + 4 * q) = w0;
-        *reinterpret_cast<uint32_t*>(sm.pp + wgmma::SwizzledChunk(row0 + 8, 4 * kv + j) + 4 * q) = w1;
+        *reinterpret_cast<uint32_t*>(sm.pp + wgmma::SwizzledChunk(row0, kPStageUnits * kv + j) + 4 * q) = w0;
+        *reinterpret_cast<uint32_t*>(sm.pp + wgmma::SwizzledChunk(row0 + 8, kPStageUnits * kv + j) + 4 * q) = w1;
       }
       // (the four threads of a row store the same values)
       sm.alpha[kv][row0] = alpha[0];
