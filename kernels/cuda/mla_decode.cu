@@ -196,6 +196,40 @@ __device__ __forceinline__ void MapStage(const MlaDecodeParams& p, const Smem& s
   MapRow(p, SpanOf(p, c.it), g - c.it.stage_start, r, page, slot);
 }
 
+// A row of a stage two iterations ahead of its copy: its sparse index entry
+// is loaded (and not waited for) one iteration before its page-table entry,
+// which is loaded one iteration before the row map is stored — MapRow in two
+// halves, so that neither dependent load stalls the producer.
+struct PendingRow {
+  int64_t e;           // the entry (dense: the position)
+  int idx;             // sparse: indices[e] as loaded, -1 past index_stride
+  int64_t seq_len;
+  const int* table;
+};
+
+template <bool kMulti>
+__device__ __forceinline__ void IssueRow(const MlaDecodeParams& p, const Smem& sm, MapCursor& c, int g, int r,
+                                         PendingRow& row) {
+  if constexpr (kMulti) {
+    while (g >= c.it.stage_start + c.it.stages) c.it = sm.items[++c.k];  // g only grows
+  }
+  const StageSpan span = SpanOf(p, c.it);
+  row.e = span.first + static_cast<int64_t>(g - c.it.stage_start) * kStageRows + r;
+  row.seq_len = span.seq_len;
+  row.table = span.table;
+  row.idx = -1;
+  if (span.indices != nullptr && row.e < p.index_stride) row.idx = span.indices[row.e];
+}
+
+__device__ __forceinline__ void ResolveRow(const MlaDecodeParams& p, const PendingRow& row, int& page, int& slot) {
+  const int64_t pos = p.indices != nullptr ? row.idx : row.e;
+  page = -1;
+  slot = 0;
+  if (pos < 0 || pos >= row.seq_len) return;
+  slot = static_cast<int>(pos & (kPageTokens - 1));
+  page = row.table[pos / kPageTokens];
+}
+
 // Issues the cp.async copies of a stage whose row map is in `st`.
 __device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st, int pt) {
   if (p.indices == nullptr && st.page[0] >= 0) {
@@ -327,7 +361,9 @@ __device__ __forceinline__ void LoadQueries(const MlaDecodeParams& p, Smem& sm, 
 // The producer warpgroup: row maps, copies and widening, three raw stages
 // and two bf16 stages ahead of the math, over the stages of all the block's
 // items in turn (`total` of them; `cursor` set for a block of one item).
-template <bool kMulti>
+// kSparse: a separate instantiation, so that the dense producer keeps its
+// registers and schedule.
+template <bool kMulti, bool kSparse>
 __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int total, MapCursor cursor) {
   const int pt = threadIdx.x - kMathThreads;
   const bool mapper = pt < kStageRows;
@@ -344,9 +380,13 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
     dev::CpAsyncCommit();
   }
   // The row map of stage n + 3 is loaded into registers one iteration before
-  // it is stored, so its (dependent) index and page-table loads never stall.
+  // it is stored. Dense: one page-table load. Sparse: the index entry of
+  // stage n + 4 is loaded an iteration earlier still (PendingRow), so that
+  // neither dependent load stalls the producer.
   int map_page = -1, map_slot = 0;
+  PendingRow pending = {};
   if (mapper && 2 < total) MapStage<kMulti>(p, sm, cursor, 2, pt, map_page, map_slot);
+  if (kSparse && mapper && 3 < total) IssueRow<kMulti>(p, sm, cursor, 3, pt, pending);
   for (int n = 0; n < total; ++n) {
     const int next = n + 2;
     dev::CpAsyncWait<1>();                              // my copies of stage n landed
@@ -356,7 +396,12 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
       nst.page[pt] = map_page;
       nst.slot[pt] = map_slot;
       map_page = -1;
-      if (next + 1 < total) MapStage<kMulti>(p, sm, cursor, next + 1, pt, map_page, map_slot);
+      if constexpr (kSparse) {
+        if (next + 1 < total) ResolveRow(p, pending, map_page, map_slot);
+        if (next + 2 < total) IssueRow<kMulti>(p, sm, cursor, next + 2, pt, pending);
+      } else {
+        if (next + 1 < total) MapStage<kMulti>(p, sm, cursor, next + 1, pt, map_page, map_slot);
+      }
     }
     wgmma::BarSync(kBarProducer, kProducerThreads);
     if (next < total) LoadStage(p, nst, pt);
@@ -400,8 +445,8 @@ __device__ __forceinline__ void Rescale(float (&o)[128], float (&l)[2], const fl
 // one pipeline with the queries loaded once. Each split's result is computed
 // exactly as a block of its own computes it (the online softmax restarts per
 // item, whose first stage is always math warpgroup 0's), so the bits do not
-// depend on the launch.
-template <bool kMulti>
+// depend on the launch. kSparse: p.indices is set (the producer's row maps).
+template <bool kMulti, bool kSparse>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeSplitKernel(const MlaDecodeParams p, int items_per_block) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -426,10 +471,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x < kMathThreads + 32) LoadItems(p, sm, it0, n_items, threadIdx.x & 31);
       wgmma::BarSync(kBarProducer, kProducerThreads);
       wgmma::BarArrive(kBarItems, kThreads);
-      Produce<true>(p, sm, sm.total_stages, cursor);
+      Produce<true, kSparse>(p, sm, sm.total_stages, cursor);
     } else {
       cursor = {0, one};
-      Produce<false>(p, sm, one.stages, cursor);
+      Produce<false, kSparse>(p, sm, one.stages, cursor);
     }
     return;
   }
@@ -813,7 +858,9 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   const int per = static_cast<int>(std::min<int64_t>(kMaxItems, std::max<int64_t>(1, (items + sms - 1) / sms)));
   const int64_t blocks = (items + per - 1) / per;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  auto* kernel = per > 1 ? MlaDecodeSplitKernel<true> : MlaDecodeSplitKernel<false>;
+  const bool sparse = p.indices != nullptr;
+  auto* kernel = per > 1 ? (sparse ? MlaDecodeSplitKernel<true, true> : MlaDecodeSplitKernel<true, false>)
+                         : (sparse ? MlaDecodeSplitKernel<false, true> : MlaDecodeSplitKernel<false, false>);
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const dim3 grid = per > 1 ? dim3(static_cast<unsigned>(blocks))
