@@ -55,13 +55,16 @@ __device__ __forceinline__ void Wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// The f32 accumulators of the shapes below: 16 of them bound as operands
-// d[o] .. d[o + 15] (constraints), and the operand numbers of the first 32 and
-// 128 in the instruction text (%0 ..).
+// The f32 accumulators of the shapes below: 16 (or 128) of them bound as
+// operands d[o] .. d[o + 15] (constraints), and the operand numbers of the
+// first 32 and 128 in the instruction text (%0 ..).
 #define STRATA_WGMMA_D16(d, o) \
   "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
   "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), \
   "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15])
+#define STRATA_WGMMA_D128(d)                                                                   \
+  STRATA_WGMMA_D16(d, 0), STRATA_WGMMA_D16(d, 16), STRATA_WGMMA_D16(d, 32), STRATA_WGMMA_D16(d, 48), \
+      STRATA_WGMMA_D16(d, 64), STRATA_WGMMA_D16(d, 80), STRATA_WGMMA_D16(d, 96), STRATA_WGMMA_D16(d, 112)
 #define STRATA_WGMMA_D32_NAMES \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
@@ -113,8 +116,7 @@ __device__ __forceinline__ void M64N256K16RS(float (&d)[128], const uint32_t (&a
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " STRATA_WGMMA_D128_NAMES
       "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : STRATA_WGMMA_D16(d, 0), STRATA_WGMMA_D16(d, 16), STRATA_WGMMA_D16(d, 32), STRATA_WGMMA_D16(d, 48),
-        STRATA_WGMMA_D16(d, 64), STRATA_WGMMA_D16(d, 80), STRATA_WGMMA_D16(d, 96), STRATA_WGMMA_D16(d, 112)
+      : STRATA_WGMMA_D128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
@@ -126,12 +128,12 @@ __device__ __forceinline__ void M64N256K16SS(float (&d)[128], uint64_t desc_a, u
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " STRATA_WGMMA_D128_NAMES
       "%128, %129, p, 1, 1, 0, 1;\n}\n"
-      : STRATA_WGMMA_D16(d, 0), STRATA_WGMMA_D16(d, 16), STRATA_WGMMA_D16(d, 32), STRATA_WGMMA_D16(d, 48),
-        STRATA_WGMMA_D16(d, 64), STRATA_WGMMA_D16(d, 80), STRATA_WGMMA_D16(d, 96), STRATA_WGMMA_D16(d, 112)
+      : STRATA_WGMMA_D128(d)
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
 #undef STRATA_WGMMA_D16
+#undef STRATA_WGMMA_D128
 #undef STRATA_WGMMA_D32_NAMES
 #undef STRATA_WGMMA_D128_NAMES
 
