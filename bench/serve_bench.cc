@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/temp_dir.h"
 #include "model/config.h"
 #include "model/random_model.h"
 #include "tests/e2e/cluster_harness.h"
@@ -57,8 +58,12 @@ int main(int argc, char** argv) {
   std::string model = flags.Get("model");
   std::string tmp;
   if (model.empty()) {
-    tmp = (fs::temp_directory_path() / absl::StrCat("strata_serve_bench_", getpid())).string();
-    fs::create_directories(tmp);
+    auto dir = strata::MakeTempDir("strata_serve_bench_");
+    if (!dir.ok()) {
+      std::fprintf(stderr, "strata_serve_bench: %s\n", std::string(dir.status().message()).c_str());
+      return 1;
+    }
+    tmp = *dir;
     const std::string cfg = R"({"model_type": "deepseek_v32", "vocab_size": 4096, "hidden_size": 512,
       "intermediate_size": 1024, "moe_intermediate_size": 256, "num_hidden_layers": 6, "num_attention_heads": 8,
       "q_lora_rank": 128, "kv_lora_rank": 128, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "common/flags.h"
+#include "common/temp_dir.h"
 #include "grpcpp/grpcpp.h"
 #include "model/config.h"
 #include "model/random_model.h"
@@ -192,8 +193,9 @@ int Serve(const std::vector<std::string>& args) {
   std::string model = flags.Get("model", "models/demo");
   std::string tmp;
   if (flags.Has("random-model")) {
-    tmp = (fs::temp_directory_path() / absl::StrCat("strata_bench_serve_", getpid())).string();
-    fs::create_directories(tmp);
+    auto dir = MakeTempDir("strata_bench_serve_");
+    if (!dir.ok()) return Fail(std::string(dir.status().message()));
+    tmp = *dir;
     if (auto st = WriteRandomModel(tmp, kRandomConfig); !st.ok()) return Fail(std::string(st.message()));
     model = tmp;
   }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "kvstore/coli_kv.h"
 #include "kvstore/coli_kv_file.h"
@@ -41,8 +42,7 @@ RunResult Strata(const std::string& args, bool keep_stderr = false, int timeout_
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::path(::testing::TempDir()) / ("cli_test_" + std::to_string(getpid()))).string();
-    fs::create_directories(dir_);
+    dir_ = MakeScratchDir("cli_test_");
     const std::string cfg = R"({"model_type": "deepseek_v32", "vocab_size": 50, "hidden_size": 32,
       "intermediate_size": 40, "moe_intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
       "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
@@ -165,8 +165,7 @@ TEST(CliDemoTest, GenerateRejectsBadInput) {
 TEST(CliKvTest, ImportVerifyInspectConvert) {
   const std::string demo = std::string(STRATA_SOURCE_DIR) + "/models/demo";
   const std::string fix = std::string(STRATA_SOURCE_DIR) + "/tests/data/models/deepseek_v32";
-  const fs::path dir = fs::path(::testing::TempDir()) / ("cli_kv_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = MakeScratchDir("cli_kv_");
   const std::string file = (dir / "s.coli_kv").string();
   // The demo model: 4 layers, kv_lora 64, rope 16, 4 indexer layers of 32, vocab 2048.
   kv::Dims d{4, 64, 16, 32, 4, 2048};

@@ -1,9 +1,8 @@
 #include "coordinator/placement.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "model/random_model.h"
 
@@ -120,9 +119,7 @@ TEST(PlacementTest, SyntheticLayoutIsACheckpointsLayoutInBf16) {
     "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8, "max_position_embeddings": 128
   })";
-  const std::string dir =
-      (std::filesystem::path(::testing::TempDir()) / ("synthetic_layout_" + std::to_string(getpid()))).string();
-  std::filesystem::create_directories(dir);
+  const std::string dir = MakeScratchDir("synthetic_layout_");
   ASSERT_TRUE(WriteRandomModel(dir, config).ok());
   auto read = ReadModelLayout(dir, KvDtype::kFp8);
   auto cfg = ParseModelConfig(config);

@@ -2,14 +2,13 @@
 // from the code), and the EOS-id union.
 #include "model/chat_format.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -171,10 +170,8 @@ TEST(ChatFixture, MatchesTemplatesRenderedByTransformers) {
 class EosTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("eos_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
+    dir_ = MakeScratchDir(std::string("eos_test_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                          "_");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   void Write(const std::string& name, const std::string& text) {

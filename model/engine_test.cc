@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "model/layer_ops.h"
 #include "model/random_model.h"
@@ -40,8 +41,7 @@ class EngineTest : public ::testing::Test {
  protected:
   std::string MakeModel(const std::string& name, const std::string& config, uint64_t seed,
                         bool fused = false) {
-    const std::string dir = (fs::path(::testing::TempDir()) / absl::StrCat("engine_test_", getpid(), "_", name)).string();
-    fs::create_directories(dir);
+    const std::string dir = MakeScratchDir(absl::StrCat("engine_test_", name, "_"));
     RandomModelOptions opt;
     opt.seed = seed;
     opt.fused_experts = fused;

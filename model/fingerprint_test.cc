@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "model/random_model.h"
 
@@ -25,8 +26,7 @@ constexpr const char* kConfig = R"({
 class FingerprintTest : public ::testing::Test {
  protected:
   std::string Model(const std::string& name, uint64_t seed, const std::string& config = kConfig) {
-    const std::string dir = (fs::path(::testing::TempDir()) / absl::StrCat("fp_", getpid(), "_", name)).string();
-    fs::create_directories(dir);
+    const std::string dir = MakeScratchDir(absl::StrCat("fp_", name, "_"));
     RandomModelOptions o;
     o.seed = seed;
     EXPECT_TRUE(WriteRandomModel(dir, config, o).ok());

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "kvstore/env.h"
 #include "kvstore/inspect.h"
@@ -60,7 +61,7 @@ void ExpectSameRows(const SequenceKv& a, int a_first_layer, const SequenceKv& b,
 class KvPersistTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = (fs::path(::testing::TempDir()) / absl::StrCat("kv_persist_", getpid(), "_", counter_++)).string();
+    root_ = MakeScratchDir("kv_persist_");
     fs::create_directories(root_ + "/model");
     ASSERT_TRUE(WriteRandomModel(root_ + "/model", kConfig).ok());
     EngineOptions o;
@@ -134,12 +135,10 @@ class KvPersistTest : public ::testing::Test {
     return t;
   }
 
-  static int counter_;
   std::string root_, address_;
   std::unique_ptr<Engine> stage0_, stage1_;
   std::unique_ptr<kv::KvStoreServer> server_;
 };
-int KvPersistTest::counter_ = 0;
 
 TEST_F(KvPersistTest, TwoStagesAppendAndTheRowsComeBackBitExactUnderAnotherSplit) {
   Create("chat");

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/random_model.h"
@@ -319,7 +320,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtureTest, ::testing::ValuesIn(FixtureDi
 // (dense_layers: the first layers with a dense MLP, the rest MoE; -1 = all)
 std::string DeepseekShapedModel(int topk, int layers = 3, int dense_layers = -1) {
   if (dense_layers < 0) dense_layers = layers;
-  const fs::path d = fs::path(::testing::TempDir()) /
+  // One scratch root per test process: the models are made once and shared
+  // by its tests, never taken from an earlier run.
+  static const std::string root = MakeScratchDir("gpu_engine_test_");
+  const fs::path d = fs::path(root) /
                      ("gpu_engine_test_ds_shaped_" + std::to_string(topk) + "_" + std::to_string(layers) + "_" +
                       std::to_string(dense_layers));
   if (fs::exists(d / "model.safetensors")) return d.string();

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/scratch_dir.h"
 #include "coordinator/health_client.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
@@ -45,8 +46,9 @@ void Terminate(pid_t& pid, int sig) {
 
 ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(options)) {
   static int counter = 0;
-  log_dir_ = (fs::path(::testing::TempDir()) / absl::StrCat("cluster_", getpid(), "_", counter++)).string();
-  fs::create_directories(log_dir_);
+  // A new directory per cluster: the coordinator's address is read back from
+  // its log, so a stale log must never be there to read.
+  log_dir_ = MakeScratchDir(absl::StrCat("cluster_", getpid(), "_", counter++, "_"));
   if (!options_.kv_dir.empty()) {
     const std::string port_file = log_dir_ + "/kv.port";
     kvstore_ = Spawn({Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=127.0.0.1:0",
@@ -80,7 +82,7 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (address_.empty()) {
-    error_ = "strata-coordinator did not start; see " + log_dir_;
+    error_ = "strata-coordinator did not start" + Exited() + "; see " + log_dir_;
     return;
   }
   for (int i = 0; i < options_.workers; ++i) {
@@ -91,7 +93,23 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
   ca.SetMaxReceiveMessageSize(16 << 20);
   ca.SetMaxSendMessageSize(64 << 20);
   stub_ = v1::Generation::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), ca));
-  if (!WaitReady(true, 60)) error_ = "the cluster did not become ready; see " + log_dir_;
+  if (!WaitReady(true, 60)) error_ = "the cluster did not become ready" + Exited() + "; see " + log_dir_;
+}
+
+std::string ClusterHarness::Exited() {
+  std::string out;
+  auto check = [&out](pid_t& pid, const std::string& name) {
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid) {
+      pid = -1;  // reaped: never signal the number again
+      absl::StrAppend(&out, out.empty() ? " (" : ", ", name, WIFEXITED(status) ? " exited with " : " died of signal ",
+                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
+  };
+  check(kvstore_, "strata-kvstore");
+  check(coordinator_, "strata-coordinator");
+  for (size_t i = 0; i < workers_.size(); ++i) check(workers_[i], absl::StrCat("worker w", i));
+  return out.empty() ? out : out + ")";
 }
 
 ClusterHarness::~ClusterHarness() { Stop(); }

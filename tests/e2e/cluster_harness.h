@@ -78,6 +78,9 @@ class ClusterHarness {
  private:
   pid_t Spawn(const std::vector<std::string>& argv, const std::string& log);
   void StartWorker(int i);
+  // " (worker w1 exited with 1, ...)" for the processes that have ended
+  // (reaping them), or "" when all still run.
+  std::string Exited();
 
   HarnessOptions options_;
   std::string error_;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "kvstore/coli_kv_file.h"
 #include "kvstore/env.h"
@@ -34,25 +35,6 @@ std::vector<int> ReferenceTokens(const std::string& name) {
   std::ifstream f(fs::path(Fixture(name)) / "reference.json");
   return nlohmann::json::parse(f)["tokens"].get<std::vector<int>>();
 }
-
-// A fresh directory, removed when the test ends (declare it before the
-// clusters that use it, so that they stop first).
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name)
-      : path_((fs::path(::testing::TempDir()) / absl::StrCat("kv_", name, "_", getpid())).string()) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 const v1::SessionState* Find(const v1::ListSessionsResponse& list, const std::string& id) {
   for (const auto& s : list.sessions()) {
@@ -111,7 +93,7 @@ TEST(PersistenceTest, StoppedClusterResumesUnderAnotherWorkerCountWithTheSameTok
   const std::vector<int> prompt(ref.begin(), ref.begin() + 8);
   const std::vector<int> want = InProcessGreedy(Fixture(model), prompt, 30);
   ASSERT_EQ(want.size(), 30u);
-  const ScratchDir scratch("restart");
+  const ScratchDir scratch("kv_restart_");
   const std::string& kv_dir = scratch.path();
   std::vector<int> first_tokens;
   {
@@ -174,7 +156,7 @@ TEST(PersistenceTest, CrashOfEveryProcessMidTurnContinuesFromTheLastCommittedTok
   const std::vector<int> prompt(ref.begin(), ref.begin() + 8);
   constexpr int kTotal = 90;
   const std::vector<int> want = InProcessGreedy(Fixture(model), prompt, kTotal);
-  const ScratchDir scratch("crash");
+  const ScratchDir scratch("kv_crash_");
   const std::string& kv_dir = scratch.path();
   GenerateResult got;
   {
@@ -220,7 +202,7 @@ TEST(PersistenceTest, CrashOfEveryProcessMidTurnContinuesFromTheLastCommittedTok
 TEST(PersistenceTest, SessionsOfAnotherCheckpointAreRefusedWithAClearError) {
   // A copy of a fixture whose config.json differs by one byte: equal
   // dimensions, another model fingerprint.
-  const ScratchDir scratch("fingerprint"), model_copy("fingerprint_model");
+  const ScratchDir scratch("kv_fingerprint_"), model_copy("kv_fingerprint_model_");
   const std::string& kv_dir = scratch.path();
   const std::string other = model_copy.path() + "/deepseek_v3";
   fs::copy(Fixture("deepseek_v3"), other, fs::copy_options::recursive);

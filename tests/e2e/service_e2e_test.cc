@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "model/tokenizer.h"
@@ -310,9 +311,8 @@ TEST(ServiceTest, KilledWorkerEndsStreamsWithUnavailableAndTheSessionResumesExac
   constexpr int kTotal = 120;
   const std::vector<int> want = InProcessGreedy(Fixture(model), prompt, kTotal);
   // With a KV store: the session resumes from the stored rows.
-  const std::string kv_dir = (fs::path(::testing::TempDir()) / absl::StrCat("kv_killed_", getpid())).string();
-  fs::remove_all(kv_dir);
-  fs::create_directories(kv_dir);
+  const ScratchDir scratch("kv_killed_");
+  const std::string& kv_dir = scratch.path();
   ClusterHarness c({Fixture(model), 3, kv_dir, {}, 1, {"--debug-step-delay-ms", "4"}});
   ASSERT_TRUE(c.ok()) << c.error();
   v1::GenerateRequest req = ClusterHarness::Greedy(prompt, kTotal);
@@ -351,9 +351,6 @@ TEST(ServiceTest, KilledWorkerEndsStreamsWithUnavailableAndTheSessionResumesExac
   // instead of recomputing the conversation.
   EXPECT_GE(rest.final_msg.usage().cached_tokens(), 8);
   EXPECT_LE(rest.final_msg.usage().cached_tokens(), 8 + static_cast<int>(got.tokens.size()));
-  c.Stop();
-  std::error_code ec;
-  fs::remove_all(kv_dir, ec);
 }
 
 }  // namespace
