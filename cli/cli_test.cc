@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
@@ -25,11 +26,12 @@ struct RunResult {
   std::string out;
 };
 
-// Runs `strata ARGS`; standard error is dropped, or kept in `out` after
-// standard output with keep_stderr; timeout_s > 0 stops it after that long.
-RunResult Strata(const std::string& args, bool keep_stderr = false, int timeout_s = 0) {
-  const std::string cmd = (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : std::string()) +
-                          STRATA_BINARY_DIR + "/cli/strata " + args + (keep_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs a shell command line: its exit code and standard output; standard
+// error is dropped, or kept in `out` with keep_stderr; timeout_s > 0 stops it
+// after that long.
+RunResult RunCommand(const std::string& command, bool keep_stderr = false, int timeout_s = 0) {
+  const std::string cmd = (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : std::string()) + command +
+                          (keep_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -37,6 +39,11 @@ RunResult Strata(const std::string& args, bool keep_stderr = false, int timeout_
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `strata ARGS` from the build tree.
+RunResult Strata(const std::string& args, bool keep_stderr = false, int timeout_s = 0) {
+  return RunCommand(std::string(STRATA_BINARY_DIR) + "/cli/strata " + args, keep_stderr, timeout_s);
 }
 
 class CliTest : public ::testing::Test {
@@ -116,6 +123,29 @@ TEST(CliUpTest, GpuFlagsAreCheckedAndAMissingGpuIsExplained) {
   EXPECT_TRUE(r.out.find("no CUDA device is visible") != std::string::npos ||
               r.out.find("built without CUDA") != std::string::npos)
       << r.out;
+}
+
+// Numbers out of range are refused before anything starts, with the flag
+// named: by `strata up` and by the server binaries it runs.
+TEST(CliUpTest, NumbersOutOfRangeAreRefusedWithTheFlagNamed) {
+  struct Case {
+    std::string cmd, flag;
+  };
+  const std::string bin = STRATA_BINARY_DIR;
+  const std::string model = std::string(" --model ") + STRATA_SOURCE_DIR + "/models/demo";
+  const std::vector<Case> cases = {
+      {bin + "/cli/strata up --worker-threads -1" + model, "--worker-threads"},
+      {bin + "/cli/strata up --ready-timeout 0" + model, "--ready-timeout"},
+      {bin + "/worker/strata-worker --coordinator 127.0.0.1:1 --threads -5", "--threads"},
+      {bin + "/worker/strata-worker --coordinator 127.0.0.1:1 --device gpu --gpu-kv-bytes 1e99", "--gpu-kv-bytes"},
+      {bin + "/coordinator/strata-coordinator --worker-threads -2" + model, "--worker-threads"},
+      {bin + "/coordinator/strata-coordinator --workers 0" + model, "--workers"},
+  };
+  for (const Case& c : cases) {
+    const RunResult r = RunCommand(c.cmd, /*keep_stderr=*/true, /*timeout_s=*/20);
+    EXPECT_EQ(r.code, 2) << c.cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.flag), std::string::npos) << c.cmd << "\n" << r.out;
+  }
 }
 
 // The demo model ships with a tokenizer: generate streams text, --json gives

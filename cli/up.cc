@@ -162,6 +162,8 @@ int Up(const std::vector<std::string>& args) {
   }
   if (*workers < 1 || *workers > 64) return Fail("--workers must be in [1, 64]", 2);
   if (*port < 0 || *port > 65535) return Fail("--port must be in [0, 65535]", 2);
+  if (*threads < 0 || *threads > 4096) return Fail("--worker-threads must be in [0, 4096]", 2);
+  if (*ready_timeout < 1) return Fail("--ready-timeout must be at least 1 (seconds)", 2);
   const std::string model = flags.Get("model", "models/demo");
   if (!fs::exists(fs::path(model) / "config.json")) {
     return Fail(absl::StrCat(model, "/config.json not found: give --model DIR"), 2);

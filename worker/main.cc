@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   auto threads = flags.GetInt("threads", 0);
   auto chunk = flags.GetInt("max-chunk-bytes", strata::worker::kDefaultMaxChunkBytes);
   if (!threads.ok()) return Usage(std::string(threads.status().message()), flags);
+  if (*threads < 0 || *threads > 4096) return Usage("--threads must be in [0, 4096] (0: one per core)", flags);
   if (!chunk.ok() || *chunk < 4096 || *chunk > (3 << 20)) {
     return Usage("--max-chunk-bytes must be in [4096, 3145728]", flags);
   }
@@ -82,7 +83,8 @@ int main(int argc, char** argv) {
   auto gpu_index = flags.GetInt("gpu", 0);
   auto kv_bytes = flags.GetInt("gpu-kv-bytes", int64_t{4} << 30);
   if (!gpu_index.ok() || *gpu_index < 0 || *gpu_index > 1023) return Usage("--gpu must be a device index", flags);
-  if (!kv_bytes.ok() || *kv_bytes < 65536) return Usage("--gpu-kv-bytes must be at least 65536", flags);
+  if (!kv_bytes.ok()) return Usage(std::string(kv_bytes.status().message()), flags);
+  if (*kv_bytes < 65536) return Usage("--gpu-kv-bytes must be at least 65536", flags);
   if (!ho.gpu && (flags.Has("gpu") || flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm"))) {
     return Usage("--gpu, --gpu-kv-bytes and --gpu-gemm need --device gpu", flags);
   }

@@ -396,13 +396,14 @@ namespace strata::e2e {
 namespace {
 
 // A worker that hangs (SIGSTOP: its connections stay open, only its
-// heartbeats stop) is declared down within 3 s, and the streams that need it
-// end with UNAVAILABLE naming the stage.
+// heartbeats stop) is declared down after --down-after-ms (2 s here, four
+// heartbeat intervals), and the streams that need it end with UNAVAILABLE
+// naming the stage within 5 s of the pause.
 TEST(ServiceTest, HungWorkerIsDeclaredDownByItsMissingHeartbeats) {
   const std::string model = "deepseek_v3";
   const std::vector<int> ref = ReferenceTokens(model);
   const std::vector<int> prompt(ref.begin(), ref.begin() + 8);
-  ClusterHarness c({Fixture(model), 2, "", {}, 1, {"--debug-step-delay-ms", "20"}});
+  ClusterHarness c({Fixture(model), 2, "", {"--down-after-ms", "2000"}, 1, {"--debug-step-delay-ms", "20"}});
   ASSERT_TRUE(c.ok()) << c.error();
   GenerateResult got;
   std::thread t([&] { got = c.Generate(ClusterHarness::Greedy(prompt, 240), 30); });
