@@ -112,7 +112,14 @@ std::string ClusterHarness::Exited() {
   return out.empty() ? out : out + ")";
 }
 
-ClusterHarness::~ClusterHarness() { Stop(); }
+ClusterHarness::~ClusterHarness() {
+  Stop();
+  // The logs are kept for a test that failed (its messages name the folder).
+  if (ok() && !::testing::Test::HasFailure()) {
+    std::error_code ec;
+    fs::remove_all(log_dir_, ec);
+  }
+}
 
 void ClusterHarness::Stop() {
   for (pid_t w : workers_) {

@@ -43,6 +43,8 @@ class ClusterHarness {
   // Starts everything and waits (up to 60 s) for readiness; on failure the
   // returned harness has ok() == false and error() says why.
   explicit ClusterHarness(HarnessOptions options);
+  // Stops the processes; removes their log folder unless the cluster failed
+  // to start or the current test has failed.
   ~ClusterHarness();
 
   bool ok() const { return error_.empty(); }
