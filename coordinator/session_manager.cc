@@ -84,13 +84,26 @@ absl::Status SessionManager::Prepare(RequestSpec* spec) {
 
 absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::string& id, bool create,
                                                                 bool must_exist) {
-  std::optional<SessionEntry> memory;
+  std::optional<SessionEntry> memory;  // the coordinator's copy, when it has one
   bool reserved = false;
+  // With a store, a session this coordinator does not know gets an empty
+  // entry, reserved, before the store is asked: a Delete, Resume or Generate
+  // of the same id arriving meanwhile finds it busy instead of deleting or
+  // creating the store's copy under this request. The entry is erased again
+  // when the request does not start.
+  bool placeholder = false;
   absl::Status conflict;
   const int64_t epoch = cluster_->epoch();
-  const bool exists = sessions_->Update(id, false, [&](SessionEntry& s) {
+  sessions_->Update(id, /*create=*/store_ != nullptr, [&](SessionEntry& s) {
     if (s.busy) {
       conflict = absl::FailedPreconditionError(absl::StrCat("session '", id, "' already has a request running"));
+      return;
+    }
+    placeholder = s.tokens.empty() && s.unfed.empty() && !s.pending && s.seq_id == 0;
+    if (placeholder) {
+      s.busy = true;
+      s.persist = create;
+      reserved = true;
       return;
     }
     memory = s;
@@ -100,14 +113,19 @@ absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::strin
     }
   });
   RETURN_IF_ERROR(conflict);
+  const bool exists = memory.has_value();
   if (exists && !reserved) return Outcome::kReady;  // resident, or kept in memory only
   if (!store_) {
     if (!exists && must_exist) return absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"));
     return Outcome::kReady;
   }
   auto release = [&] {
-    if (reserved) Release(id);
-    reserved = false;
+    if (placeholder) {
+      sessions_->Erase(id);
+    } else if (reserved) {
+      Release(id);
+    }
+    reserved = placeholder = false;
   };
   absl::StatusOr<v1::SessionInfo> info = store_->Stat(id);
   if (!info.ok()) {
@@ -116,46 +134,36 @@ absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::strin
       return info.status();
     }
     if (!exists && must_exist) {
+      release();
       return absl::NotFoundError(absl::StrCat("session '", id, "' does not exist (neither in this coordinator nor in ",
                                               "the KV store at ", store_->address(), ")"));
     }
-    if (exists || create) {
-      // New, or known here but not stored: its rows are (re)computed and
-      // persisted from position 0.
-      absl::StatusOr<v1::SessionInfo> c = store_->Create(id);
-      if (!c.ok() && c.status().code() != absl::StatusCode::kAlreadyExists) {
-        release();
-        return c.status();
-      }
+    if (!exists && !create) {
+      release();  // a request that does not persist: Submit makes its entry
+      return Outcome::kReady;
     }
-    release();
-    return Outcome::kReady;
+    // New, or known here but not stored: its rows are (re)computed and
+    // persisted from position 0. The reservation passes to Submit.
+    absl::StatusOr<v1::SessionInfo> c = store_->Create(id);
+    if (!c.ok() && c.status().code() != absl::StatusCode::kAlreadyExists) {
+      release();
+      return c.status();
+    }
+    return Outcome::kReserved;
   }
   if (absl::Status st = store_->CheckCompatible(*info); !st.ok()) {
     release();
     return st;
   }
   if (!exists) {
-    bool busy = false;
-    sessions_->Update(id, true, [&](SessionEntry& s) {
-      if (s.busy) {
-        busy = true;
-        return;
-      }
-      s.busy = true;
+    sessions_->Update(id, false, [&](SessionEntry& s) {
       s.persist = true;
       s.turn_watermark = info->turn_watermark();
     });
-    if (busy) return absl::FailedPreconditionError(absl::StrCat("session '", id, "' already has a request running"));
-    reserved = true;
   }
-  if (info->nrec() == 0) {
-    release();
-    return Outcome::kReady;
-  }
+  if (info->nrec() == 0) return Outcome::kReserved;
   if (absl::Status st = LoadOntoStages(id, memory, *info); !st.ok()) {
     release();
-    if (!exists) sessions_->Erase(id);
     return st;
   }
   return Outcome::kReserved;
