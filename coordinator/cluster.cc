@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <future>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -61,6 +63,25 @@ void Cluster::Start(Scheduler* scheduler, std::function<void(bool)> on_ready) {
   scheduler_ = scheduler;
   on_ready_ = std::move(on_ready);
   thread_ = std::thread([this] { Loop(); });
+}
+
+absl::Status ValidateRegistration(const v1::RegisterRequest& req) {
+  auto printable = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c > ' ' && c < 127; });
+  };
+  const std::string& a = req.address();
+  const size_t colon = a.rfind(':');
+  int port = 0;
+  if (a.empty() || a.size() > 255 || !printable(a) || colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(a.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", absl::CHexEscape(a.substr(0, 64)), "' is not HOST:PORT (port 1..65535)"));
+  }
+  if (req.name().size() > 64 || !printable(req.name())) {
+    return absl::InvalidArgumentError(absl::StrCat("worker name '", absl::CHexEscape(req.name().substr(0, 64)),
+                                                   "' must be up to 64 printable characters without spaces"));
+  }
+  return absl::OkStatus();
 }
 
 v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {

@@ -66,6 +66,11 @@ struct WorkerInfo {
   bool alive = true;
 };
 
+// INVALID_ARGUMENT unless the address is HOST:PORT (no spaces or control
+// characters, port 1..65535) and the name, when given, is up to 64 printable
+// characters without spaces: both go to logs and placement overrides.
+absl::Status ValidateRegistration(const v1::RegisterRequest& req);
+
 class Cluster : public Pipeline {
  public:
   // REQUIRES: options.model_dir holds a loadable model (its layout is read
@@ -83,6 +88,7 @@ class Cluster : public Pipeline {
   // destroying the scheduler.
   void Stop();
 
+  // REQUIRES: ValidateRegistration(req) is OK.
   v1::RegisterResponse Register(const v1::RegisterRequest& req);
   v1::HeartbeatResponse Heartbeat(const v1::HeartbeatRequest& req);
 

@@ -258,8 +258,8 @@ grpc::ServerUnaryReactor* GenerationService::Stats(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerContext* ctx,
                                                        const v1::RegisterRequest* req, v1::RegisterResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  if (req->address().empty()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "address is empty: give the worker's HOST:PORT"));
+  if (absl::Status st = ValidateRegistration(*req); !st.ok()) {
+    reactor->Finish(ToGrpc(st));
     return reactor;
   }
   *resp = cluster_->Register(*req);
