@@ -14,30 +14,18 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stubs import generate_stubs  # noqa: E402
+
 STRATA, SOURCE = sys.argv[1], sys.argv[2]
-PROTO_DIR = os.path.join(SOURCE, "proto")
 MODEL = os.path.join(SOURCE, "tests", "data", "models", "deepseek_v3")
-
-
-def generate_stubs(out):
-    protos = ["strata/v1/generation.proto", "strata/v1/worker.proto"]
-    # grpc_tools when its protoc understands proto3 `optional`; otherwise the
-    # system protoc with grpc_python_plugin (both from Debian packages).
-    try:
-        from grpc_tools import protoc
-        if protoc.main(["protoc", "-I" + PROTO_DIR, "--python_out=" + out, "--grpc_python_out=" + out] + protos) == 0:
-            return
-    except ImportError:
-        pass
-    subprocess.check_call(["protoc", "-I" + PROTO_DIR, "--python_out=" + out, "--grpc_out=" + out,
-                           "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin"] + protos)
 
 
 class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        generate_stubs(cls.tmp.name)
+        generate_stubs(SOURCE, cls.tmp.name)
         sys.path.insert(0, cls.tmp.name)
         global g, gg, grpc
         import grpc
