@@ -169,7 +169,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc
     });
     return reactor;
   }
+  const bool reserved = sessions_->ReserveResident(&*spec);
+  const std::string id = spec->session_id;
   absl::Status st = scheduler_->Submit(std::move(*spec), reactor->handle(), deadline);
+  if (!st.ok() && reserved) sessions_->Release(id);
   if (!st.ok()) reactor->Reject(st);
   return reactor;
 }

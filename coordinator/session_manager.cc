@@ -74,6 +74,19 @@ bool SessionManager::NeedsPrepare(const RequestSpec& spec) {
   return !s->busy && !resident && s->persist;
 }
 
+bool SessionManager::ReserveResident(RequestSpec* spec) {
+  spec->session_reserved = false;
+  if (!store_ || spec->session_id.empty() || !spec->persist) return false;
+  const int64_t epoch = cluster_->epoch();
+  sessions_->Update(spec->session_id, false, [&](SessionEntry& s) {
+    if (!s.busy && s.persist && s.seq_id != 0 && s.epoch == epoch) {
+      s.busy = true;
+      spec->session_reserved = true;
+    }
+  });
+  return spec->session_reserved;
+}
+
 absl::Status SessionManager::Prepare(RequestSpec* spec) {
   spec->session_reserved = false;
   if (!store_ || spec->session_id.empty()) return absl::OkStatus();
@@ -410,7 +423,12 @@ absl::Status SessionManager::Delete(const std::string& id) {
     if (st.ok()) {
       sessions_->Erase(id);
     } else {
-      Release(id);
+      // Its sequence was freed above: the next request reloads or
+      // recomputes the rows instead of feeding a sequence the stages dropped.
+      sessions_->Update(id, false, [](SessionEntry& s) {
+        s.busy = false;
+        s.seq_id = 0;
+      });
     }
   }
   return st;

@@ -82,6 +82,11 @@ class SessionManager {
   // session, another model's session), NOT_FOUND (continue_turn of an
   // unknown session), UNAVAILABLE (store or stage unreachable), DATA_LOSS.
   absl::Status Prepare(RequestSpec* spec);
+  // For a request that needs no Prepare: marks a resident persistent
+  // session busy (spec->session_reserved) so that a Delete cannot remove it,
+  // and the store's copy, between now and Submit. Returns whether it did; the
+  // caller calls Release if Submit then fails.
+  bool ReserveResident(RequestSpec* spec);
   void Release(const std::string& session_id);
 
   absl::StatusOr<v1::SessionState> Save(const std::string& id, absl::Time deadline);
