@@ -7,6 +7,9 @@ Three rounds, from a seed printed at the start (STRATA_FUZZ_SEED replays one):
      whose fields hold random or extreme values (ints at their limits, NaN and
      infinite floats, long, empty and path-like strings, big repeated fields),
      and one call in six gets bytes that are not a message at all;
+     then both workers' Execute streams get stage batches as the coordinator
+     sends them (current epoch, ids in the vocabulary, hidden rows of the
+     right size) with zero to three fields broken;
   2. valid Generate requests with one to three fields mutated, sixteen at a
      time, with session saves, resumes and deletes among them;
   3. the greedy request asked before the rounds is asked again.
@@ -16,9 +19,11 @@ than an answer), or when the last request's tokens differ from the first's.
 
 usage: fuzz_test.py BINARY_DIR SOURCE_DIR
 """
+import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -31,6 +36,9 @@ from stubs import generate_stubs  # noqa: E402
 
 BIN, SOURCE = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SOURCE, "models", "demo")  # has a tokenizer: prompts, chats and stop strings too
+with open(os.path.join(MODEL, "config.json")) as f:
+    _config = json.load(f)
+HIDDEN, VOCAB = _config["hidden_size"], _config["vocab_size"]
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 31))))
 BAD_CODES = ("UNKNOWN", "INTERNAL", "DATA_LOSS", "DEADLINE_EXCEEDED")
 
@@ -127,11 +135,11 @@ class FuzzTest(unittest.TestCase):
         generate_stubs(SOURCE, work, ["strata/v1/generation.proto", "strata/v1/worker.proto",
                                       "strata/v1/kvstore.proto"])
         sys.path.insert(0, work)
-        global grpc, g, gg, symbol_database, FieldDescriptor
+        global grpc, g, gg, symbol_database, FieldDescriptor, worker_pb2, worker_pb2_grpc
         import grpc
         from google.protobuf import symbol_database
         from google.protobuf.descriptor import FieldDescriptor
-        from strata.v1 import generation_pb2 as g, generation_pb2_grpc as gg, worker_pb2, kvstore_pb2
+        from strata.v1 import generation_pb2 as g, generation_pb2_grpc as gg, worker_pb2, worker_pb2_grpc, kvstore_pb2
         cls.modules = {"strata.v1.Generation": g, "strata.v1.Coordinator": worker_pb2,
                        "strata.v1.Worker": worker_pb2, "strata.v1.KVStore": kvstore_pb2}
         cls.logs = {}
@@ -209,6 +217,59 @@ class FuzzTest(unittest.TestCase):
                 tokens += [t.id for t in resp.chunk.tokens]
         return tokens
 
+    def stage_messages(self, rng, stage, epoch):
+        """A StageBatch for `stage` (and its hidden rows), then broken a little."""
+        w = worker_pb2
+        b = w.StageBatch(epoch=epoch, batch_id=rng.randrange(1, 1 << 40))
+        rows = 0
+        for _ in range(rng.choice([1, 2, 3])):
+            tokens = [rng.randrange(VOCAB) for _ in range(rng.choice([1, 1, 3, 8]))]
+            # Sequence ids far above the coordinator's, or small ones that may be its own.
+            c = b.chunks.add(seq_id=rng.choice([1 << 40, (1 << 40) + 1, rng.randint(1, 50)]),
+                             start=rng.choice([0, 0, 0, 1, 5]), tokens=tokens, sample=rng.random() < 0.7,
+                             prompt=rng.random() < 0.5)
+            if rng.random() < 0.7:
+                c.sampling.CopyFrom(w.StageSampling(temperature=rng.choice([0, 0.7]), top_p=1,
+                                                    logprobs=rng.choice([-1, 0, 2])))
+            if rng.random() < 0.2:
+                c.session_id = rng.choice(["fz1", "s1"])
+                c.persist = rng.random() < 0.5
+            rows += len(tokens)
+        b.total_rows = rows
+        b.hidden_size = 0 if stage == 0 else HIDDEN
+        for _ in range(rng.randint(0, 3)):
+            what = rng.choice(["epoch", "rows", "hidden", "start", "token", "seq", "free", "sampling", "twice"])
+            if what == "epoch":
+                b.epoch = rng.choice([0, -1, epoch + 1, 1 << 62])
+            elif what == "rows":
+                b.total_rows = rng.choice([0, -1, rows + 1, rows - 1, 1 << 30])
+            elif what == "hidden":
+                b.hidden_size = rng.choice([0, -1, HIDDEN + 1, HIDDEN, 1 << 30])
+            elif what == "start":
+                b.chunks[0].start = rng.choice([-1, 1 << 30, 4095, 4096])
+            elif what == "token":
+                b.chunks[0].tokens.append(rng.choice([-1, VOCAB, 1 << 30]))
+            elif what == "seq":
+                b.chunks[0].seq_id = rng.choice([0, (1 << 64) - 1])
+            elif what == "free":
+                b.free_seq_ids.extend(rng.randint(0, 100) for _ in range(3))
+            elif what == "sampling":
+                b.chunks[0].sampling.CopyFrom(w.StageSampling(temperature=float("nan"), top_k=-5, logprobs=1000,
+                                                              top_p=rng.choice([0, 2, float("inf")])))
+            else:
+                b.chunks.add().CopyFrom(b.chunks[0])
+        messages = [w.StageMessage(batch=b)]
+        if b.hidden_size == HIDDEN and 0 < b.total_rows < 1000:
+            values = [rng.choice([0.0, 1.0, float("nan"), 1e30, rng.uniform(-1, 1)])
+                      for _ in range(b.total_rows * HIDDEN)]
+            data = struct.pack("<%df" % len(values), *values)
+            if rng.random() < 0.2:
+                data = data[:rng.randrange(len(data) + 1)]
+            messages.append(w.StageMessage(hidden=w.TensorChunk(
+                batch_id=b.batch_id if rng.random() < 0.9 else 7, row_offset=rng.choice([0, 0, 0, 1, -1]),
+                data=data)))
+        return messages
+
     def test_random_requests_get_answers_and_the_servers_keep_serving(self):
         rng = random.Random(SEED)
         before = self.greedy()
@@ -274,6 +335,26 @@ class FuzzTest(unittest.TestCase):
             self.assertEqual(died, [], "after call %d (%s)" % (i, path))
         for ch in channels.values():
             ch.close()
+
+        # Round 1b: stage batches as the coordinator sends them (the current
+        # epoch, token ids in the vocabulary, hidden rows of the right size),
+        # with zero to three fields broken, on both workers' Execute streams.
+        for i in range(400):
+            stage = rng.randrange(len(self.worker_addresses))
+            address = self.worker_addresses[stage]
+            channel = grpc.insecure_channel(address)
+            worker = worker_pb2_grpc.WorkerStub(channel)
+            try:
+                epoch = worker.Stats(worker_pb2.WorkerStatsRequest(), timeout=10).epoch
+                results = list(worker.Execute(iter(self.stage_messages(rng, stage, epoch)), timeout=10))
+                count("Execute (stage batches)", "OK" if all(r.code == 0 for r in results) else
+                      "OK, a result with code %d" % max(r.code for r in results))
+            except grpc.RpcError as e:
+                count("Execute (stage batches)", e.code().name)
+                if e.code().name in BAD_CODES:
+                    bad.append("Execute on stage %d: %s %s" % (stage, e.code().name, e.details()))
+            channel.close()
+            self.assertEqual(self.dead(), [], "after stage batch %d" % i)
 
         # Round 2: valid Generate requests with mutated fields, sixteen at a time.
         def one():
