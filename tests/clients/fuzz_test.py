@@ -275,7 +275,8 @@ class FuzzTest(unittest.TestCase):
         before = self.greedy()
         self.assertEqual(len(before), 8)
         strings = ["", "a", "s1", "w0", "The list type", "<|im_start|>\n", "\ufffd\ud7ff", "x" * 5000,
-                   "../../etc/passwd", "/", "\x00", "\u00e9\u4e2d", self.address, self.kv_address] + self.worker_addresses
+                   "../../etc/passwd", "/", "\x00", "\u00e9\u4e2d", self.address,
+                   self.kv_address] + self.worker_addresses
         values = Values(rng, strings)
 
         def bounded(req):
