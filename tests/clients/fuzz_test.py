@@ -41,6 +41,10 @@ with open(os.path.join(MODEL, "config.json")) as f:
 HIDDEN, VOCAB = _config["hidden_size"], _config["vocab_size"]
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 31))))
 BAD_CODES = ("UNKNOWN", "INTERNAL", "DATA_LOSS", "DEADLINE_EXCEEDED")
+# Deadlines: a call answers in milliseconds here; these leave room for a
+# loaded CI machine and still end a hang (a Save that waits for rows that
+# never come waits up to 60 s on the server).
+CALL_S, SESSION_CALL_S = 20, 30
 
 
 def wait_for(what, predicate, timeout_s):
@@ -320,13 +324,13 @@ class FuzzTest(unittest.TestCase):
             try:
                 if method.client_streaming and method.server_streaming:
                     list(ch.stream_stream(path, ident, ident)(iter([payload() for _ in range(rng.randint(1, 4))]),
-                                                               timeout=10))
+                                                               timeout=CALL_S))
                 elif method.server_streaming:
-                    list(ch.unary_stream(path, ident, ident)(payload(), timeout=10))
+                    list(ch.unary_stream(path, ident, ident)(payload(), timeout=CALL_S))
                 elif method.client_streaming:
-                    ch.stream_unary(path, ident, ident)(iter([payload()]), timeout=10)
+                    ch.stream_unary(path, ident, ident)(iter([payload()]), timeout=CALL_S)
                 else:
-                    ch.unary_unary(path, ident, ident)(payload(), timeout=10)
+                    ch.unary_unary(path, ident, ident)(payload(), timeout=CALL_S)
                 count(path, "OK")
             except grpc.RpcError as e:
                 count(path, e.code().name)
@@ -346,8 +350,8 @@ class FuzzTest(unittest.TestCase):
             channel = grpc.insecure_channel(address)
             worker = worker_pb2_grpc.WorkerStub(channel)
             try:
-                epoch = worker.Stats(worker_pb2.WorkerStatsRequest(), timeout=10).epoch
-                results = list(worker.Execute(iter(self.stage_messages(rng, stage, epoch)), timeout=10))
+                epoch = worker.Stats(worker_pb2.WorkerStatsRequest(), timeout=CALL_S).epoch
+                results = list(worker.Execute(iter(self.stage_messages(rng, stage, epoch)), timeout=CALL_S))
                 count("Execute (stage batches)", "OK" if all(r.code == 0 for r in results) else
                       "OK, a result with code %d" % max(r.code for r in results))
             except grpc.RpcError as e:
@@ -371,11 +375,11 @@ class FuzzTest(unittest.TestCase):
             calls = [("Generate", lambda: list(self.stub.Generate(req, timeout=30)))]
             if session is not None:
                 calls += [("SaveSession", lambda: self.stub.SaveSession(g.SaveSessionRequest(session_id=session),
-                                                                        timeout=10)),
+                                                                        timeout=SESSION_CALL_S)),
                           ("ResumeSession", lambda: self.stub.ResumeSession(
-                              g.ResumeSessionRequest(session_id=session), timeout=10)),
+                              g.ResumeSessionRequest(session_id=session), timeout=SESSION_CALL_S)),
                           ("DeleteSession", lambda: self.stub.DeleteSession(
-                              g.DeleteSessionRequest(session_id=session), timeout=10))]
+                              g.DeleteSessionRequest(session_id=session), timeout=SESSION_CALL_S))]
             for name, call in calls:
                 try:
                     call()
