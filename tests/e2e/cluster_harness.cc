@@ -205,6 +205,23 @@ void ClusterHarness::StartWorker(int i) {
 
 void ClusterHarness::KillWorker(int i) { Terminate(workers_[i], SIGKILL); }
 
+void ClusterHarness::KillKvStore() { Terminate(kvstore_, SIGKILL); }
+
+bool ClusterHarness::RestartKvStore() {
+  if (kvstore_ > 0) KillKvStore();
+  const std::string port_file = log_dir_ + "/kv.port";
+  std::filesystem::remove(port_file);
+  kvstore_ = Spawn({Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + kv_address_,
+                    "--port_file=" + port_file, "--commit_threads=1"},
+                   log_dir_ + "/kvstore.log");
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline) {
+    if (std::filesystem::exists(port_file)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 void ClusterHarness::PauseWorker(int i) {
   if (workers_[i] > 0) ::kill(workers_[i], SIGSTOP);
 }

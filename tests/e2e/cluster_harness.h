@@ -63,6 +63,10 @@ class ClusterHarness {
   // SIGKILLs worker i; RestartWorker starts a new process with the same name.
   void KillWorker(int i);
   void RestartWorker(int i);
+  // SIGKILLs the KV store; RestartKvStore starts it again on the same
+  // directory and port (returns false when it does not come up in 20 s).
+  void KillKvStore();
+  bool RestartKvStore();
   // SIGSTOP / SIGCONT worker i: a hung process whose connections stay open.
   void PauseWorker(int i);
   void ContinueWorker(int i);

@@ -241,5 +241,46 @@ TEST(PersistenceTest, SessionsOfAnotherCheckpointAreRefusedWithAClearError) {
   EXPECT_TRUE(kv::VerifyFile(kv::Env::Default(), kv_dir + "/mine.coli_kv", kv::InspectOptions()).ok());
 }
 
+// A DeleteSession that fails (the KV store is down) frees the session's
+// sequence on the stages but keeps the session: its next turn must reload the
+// rows from the store, once it is back, and continue exactly (not feed a
+// sequence the stages dropped).
+TEST(PersistenceTest, AFailedDeleteLeavesASessionThatReloadsItsRows) {
+  const std::string model = "deepseek_v32";
+  const std::vector<int> ref = ReferenceTokens(model);
+  const std::vector<int> prompt(ref.begin(), ref.begin() + 8);
+  const std::vector<int> want = InProcessGreedy(Fixture(model), prompt, 20);
+  const ScratchDir scratch("kv_failed_delete_");
+  ClusterHarness c({Fixture(model), 2, scratch.path()});
+  ASSERT_TRUE(c.ok()) << c.error();
+  v1::GenerateRequest first = ClusterHarness::Greedy(prompt, 10);
+  first.set_session_id("kept");
+  GenerateResult a = c.Generate(first);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  v1::SessionState saved;
+  ASSERT_TRUE(c.SaveSession("kept", &saved).ok());
+  c.KillKvStore();
+  const grpc::Status deleted = c.DeleteSession("kept");
+  EXPECT_EQ(deleted.error_code(), grpc::StatusCode::UNAVAILABLE) << deleted.error_message();
+  ASSERT_TRUE(c.RestartKvStore());
+  // The coordinator reconnects within its 1 s reconnect backoff.
+  v1::ListSessionsResponse list;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!c.ListSessions("", &list).ok() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(Find(list, "kept"), nullptr);
+  v1::GenerateRequest next = ClusterHarness::Greedy({}, 10);
+  next.set_session_id("kept");
+  next.set_continue_turn(true);
+  GenerateResult b = c.Generate(next);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  std::vector<int> all = a.tokens;
+  all.insert(all.end(), b.tokens.begin(), b.tokens.end());
+  EXPECT_EQ(all, want);
+  // Loaded from the store, not recomputed: the prompt and 9 fed tokens.
+  EXPECT_EQ(b.final_msg.usage().cached_tokens(), 8 + 9);
+}
+
 }  // namespace
 }  // namespace strata::e2e
