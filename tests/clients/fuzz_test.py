@@ -236,7 +236,10 @@ class FuzzTest(unittest.TestCase):
                 c.sampling.CopyFrom(w.StageSampling(temperature=rng.choice([0, 0.7]), top_p=1,
                                                     logprobs=rng.choice([-1, 0, 2])))
             if rng.random() < 0.2:
-                c.session_id = rng.choice(["fz1", "s1"])
+                # Not a session of round 2: nothing frees these sequences, so
+                # their append streams stay open (and Truncate or Delete of the
+                # session wait for them), as for any sequence a stage keeps.
+                c.session_id = rng.choice(["fz1", "fz2"])
                 c.persist = rng.random() < 0.5
             rows += len(tokens)
         b.total_rows = rows
@@ -278,8 +281,11 @@ class FuzzTest(unittest.TestCase):
         rng = random.Random(SEED)
         before = self.greedy()
         self.assertEqual(len(before), 8)
-        strings = ["", "a", "s1", "w0", "The list type", "<|im_start|>\n", "\ufffd\ud7ff", "x" * 5000,
-                   "../../etc/passwd", "/", "\x00", "\u00e9\u4e2d", self.address,
+        # "r1": a session id of this round only. A stage batch built here may
+        # leave a sequence that nothing frees, whose append stream then holds
+        # the session's layers in the store; round 2's sessions stay clear.
+        strings = ["", "a", "r1", "w0", "The list type", "<|im_start|>\n", "\ufffd\ud7ff", "x" * 5000,
+                   "../../etc/passwd", "/", "\x00", "\u00e9\u4e2d", MODEL, self.address,
                    self.kv_address] + self.worker_addresses
         values = Values(rng, strings)
 
