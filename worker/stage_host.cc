@@ -48,7 +48,28 @@ StageHost::~StageHost() {
   }
 }
 
+absl::Status ValidateAssignment(const v1::AssignLayersRequest& req) {
+  if (req.layer_begin() < 0 || req.layer_end() <= req.layer_begin()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", req.layer_begin(), ", ", req.layer_end(),
+                                                   ") is empty or negative"));
+  }
+  if (req.num_stages() < 1 || req.stage() < 0 || req.stage() >= req.num_stages()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", req.stage(), " of ", req.num_stages(), ": need 0 <= stage < num_stages"));
+  }
+  if (req.threads() < 0 || req.threads() > kMaxThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be in [0, ", kMaxThreads, "] (0: the worker's own), got ", req.threads()));
+  }
+  if (!v1::KvDtype_IsValid(req.kv_dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown kv dtype ", req.kv_dtype()));
+  }
+  if (req.epoch() < 1) return absl::InvalidArgumentError(absl::StrCat("epoch must be positive, got ", req.epoch()));
+  return absl::OkStatus();
+}
+
 absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLayersResponse* resp) {
+  RETURN_IF_ERROR(ValidateAssignment(req));
   const auto t0 = std::chrono::steady_clock::now();
   EngineOptions eo;
   eo.kv_dtype = req.kv_dtype() == v1::KV_DTYPE_F32 ? KvDtype::kF32 : KvDtype::kFp8;

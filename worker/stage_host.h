@@ -62,13 +62,22 @@ struct StageHostOptions {
   DeviceStageOptions gpu_options;
 };
 
+// Engine threads a stage may be asked for.
+inline constexpr int kMaxThreads = 4096;
+
+// INVALID_ARGUMENT unless 0 <= layer_begin < layer_end, 0 <= stage <
+// num_stages, 0 <= threads <= kMaxThreads, the kv dtype is known and the epoch
+// positive. (Whether the range fits the model is checked when it loads.)
+absl::Status ValidateAssignment(const v1::AssignLayersRequest& req);
+
 class StageHost {
  public:
   explicit StageHost(StageHostOptions options);
   ~StageHost();
 
-  // Loads the layers and resets every sequence. INVALID_ARGUMENT for a range
-  // the model cannot be cut at; NOT_FOUND / INVALID_ARGUMENT from loading.
+  // Loads the layers and resets every sequence. INVALID_ARGUMENT for a
+  // request ValidateAssignment refuses or a range the model cannot be cut at;
+  // NOT_FOUND / INVALID_ARGUMENT from loading.
   absl::Status Assign(const v1::AssignLayersRequest& request, v1::AssignLayersResponse* response);
 
   // Queues a batch; its result (or error) goes to `sink`.
