@@ -228,8 +228,8 @@ class FuzzTest(unittest.TestCase):
         rows = 0
         for _ in range(rng.choice([1, 2, 3])):
             tokens = [rng.randrange(VOCAB) for _ in range(rng.choice([1, 1, 3, 8]))]
-            # Sequence ids far above the coordinator's, or small ones that may be its own.
-            c = b.chunks.add(seq_id=rng.choice([1 << 40, (1 << 40) + 1, rng.randint(1, 50)]),
+            # Sequence ids far above the coordinator's (see own_sequences).
+            c = b.chunks.add(seq_id=rng.choice([1 << 40, (1 << 40) + 1, (1 << 40) + rng.randint(2, 50)]),
                              start=rng.choice([0, 0, 0, 1, 5]), tokens=tokens, sample=rng.random() < 0.7,
                              prompt=rng.random() < 0.5)
             if rng.random() < 0.7:
@@ -247,7 +247,7 @@ class FuzzTest(unittest.TestCase):
         for _ in range(rng.randint(0, 3)):
             what = rng.choice(["epoch", "rows", "hidden", "start", "token", "seq", "free", "sampling", "twice"])
             if what == "epoch":
-                b.epoch = rng.choice([0, -1, epoch + 1, 1 << 62])
+                b.epoch = rng.choice([0, -1, min(epoch + 1, (1 << 63) - 1), 1 << 62])
             elif what == "rows":
                 b.total_rows = rng.choice([0, -1, rows + 1, rows - 1, 1 << 30])
             elif what == "hidden":
@@ -257,9 +257,9 @@ class FuzzTest(unittest.TestCase):
             elif what == "token":
                 b.chunks[0].tokens.append(rng.choice([-1, VOCAB, 1 << 30]))
             elif what == "seq":
-                b.chunks[0].seq_id = rng.choice([0, (1 << 64) - 1])
+                b.chunks[0].seq_id = rng.choice([1 << 41, (1 << 64) - 1])
             elif what == "free":
-                b.free_seq_ids.extend(rng.randint(0, 100) for _ in range(3))
+                b.free_seq_ids.extend((1 << 40) + rng.randint(0, 100) for _ in range(3))
             elif what == "sampling":
                 b.chunks[0].sampling.CopyFrom(w.StageSampling(temperature=float("nan"), top_k=-5, logprobs=1000,
                                                               top_p=rng.choice([0, 2, float("inf")])))
@@ -288,6 +288,21 @@ class FuzzTest(unittest.TestCase):
                    "../../etc/passwd", "/", "\x00", "\u00e9\u4e2d", MODEL, self.address,
                    self.kv_address] + self.worker_addresses
         values = Values(rng, strings)
+
+        def own_sequences(msg):
+            # Sequence ids at or above 2^40, which the coordinator never
+            # reaches: the Worker RPCs are internal and trust their caller, so
+            # a stage batch, load or free naming one of the coordinator's
+            # sequences would change a conversation under it (a fault of the
+            # caller the stages cannot tell apart, not a robustness question).
+            if isinstance(msg, worker_pb2.StageMessage) and msg.HasField("batch"):
+                for c in msg.batch.chunks:
+                    c.seq_id |= 1 << 40
+                msg.batch.free_seq_ids[:] = [x | 1 << 40 for x in msg.batch.free_seq_ids]
+            elif isinstance(msg, worker_pb2.FreeSequencesRequest):
+                msg.seq_ids[:] = [x | 1 << 40 for x in msg.seq_ids]
+            elif isinstance(msg, worker_pb2.LoadSessionRequest):
+                msg.seq_id |= 1 << 40
 
         def bounded(req):
             # A valid request without max_tokens generates until the context
@@ -323,6 +338,7 @@ class FuzzTest(unittest.TestCase):
                 msg = values.fill(request_class())
                 if isinstance(msg, g.GenerateRequest):
                     bounded(msg)
+                own_sequences(msg)
                 return msg.SerializeToString()
 
             path = "/%s/%s" % (service, method.name)
