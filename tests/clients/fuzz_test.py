@@ -139,7 +139,7 @@ class FuzzTest(unittest.TestCase):
         generate_stubs(SOURCE, work, ["strata/v1/generation.proto", "strata/v1/worker.proto",
                                       "strata/v1/kvstore.proto"])
         sys.path.insert(0, work)
-        global grpc, g, gg, symbol_database, FieldDescriptor, worker_pb2, worker_pb2_grpc
+        global grpc, g, gg, symbol_database, FieldDescriptor, worker_pb2, worker_pb2_grpc, kvstore_pb2
         import grpc
         from google.protobuf import symbol_database
         from google.protobuf.descriptor import FieldDescriptor
@@ -212,6 +212,13 @@ class FuzzTest(unittest.TestCase):
                     out.append("%s (exit %d; log:\n%s)" % (name, p.returncode, log.read()[-2000:]))
         return out
 
+    def log_tails(self):
+        out = []
+        for name, path in self.logs.items():
+            with open(path, errors="replace") as log:
+                out.append("--- %s (last lines)\n%s" % (name, "".join(log.readlines()[-15:])))
+        return "\n".join(out)
+
     def greedy(self):
         req = g.GenerateRequest(tokens=g.TokenIds(ids=[5, 17, 3, 42, 9, 11]), sampling=g.SamplingParams(temperature=0),
                                 stopping=g.StoppingParams(max_tokens=8, ignore_eos=True))
@@ -281,28 +288,37 @@ class FuzzTest(unittest.TestCase):
         rng = random.Random(SEED)
         before = self.greedy()
         self.assertEqual(len(before), 8)
-        # "r1": a session id of this round only. A stage batch built here may
-        # leave a sequence that nothing frees, whose append stream then holds
-        # the session's layers in the store; round 2's sessions stay clear.
+        # "r1": a session id of this round only (round 2 uses s1..s3).
         strings = ["", "a", "r1", "w0", "The list type", "<|im_start|>\n", "\ufffd\ud7ff", "x" * 5000,
                    "../../etc/passwd", "/", "\x00", "\u00e9\u4e2d", MODEL, self.address,
                    self.kv_address] + self.worker_addresses
         values = Values(rng, strings)
 
         def own_sequences(msg):
-            # Sequence ids at or above 2^40, which the coordinator never
-            # reaches: the Worker RPCs are internal and trust their caller, so
+            # The Worker and KVStore RPCs are internal and trust their caller:
             # a stage batch, load or free naming one of the coordinator's
-            # sequences would change a conversation under it (a fault of the
-            # caller the stages cannot tell apart, not a robustness question).
+            # sequences would change a conversation under it, a sequence made
+            # here (which nothing frees) would hold a session's layers in the
+            # store for good, and a store call could truncate or delete what
+            # the coordinator serves. Faults of the caller, not robustness
+            # questions: these calls get sequence ids at or above 2^40 (the
+            # coordinator never reaches them) and session ids starting "fz-".
             if isinstance(msg, worker_pb2.StageMessage) and msg.HasField("batch"):
                 for c in msg.batch.chunks:
                     c.seq_id |= 1 << 40
+                    if c.session_id:
+                        c.session_id = "fz-" + c.session_id
                 msg.batch.free_seq_ids[:] = [x | 1 << 40 for x in msg.batch.free_seq_ids]
             elif isinstance(msg, worker_pb2.FreeSequencesRequest):
                 msg.seq_ids[:] = [x | 1 << 40 for x in msg.seq_ids]
             elif isinstance(msg, worker_pb2.LoadSessionRequest):
                 msg.seq_id |= 1 << 40
+                if msg.session_id:
+                    msg.session_id = "fz-" + msg.session_id
+            elif msg.DESCRIPTOR.file.name == "strata/v1/kvstore.proto":
+                target = msg.open if isinstance(msg, kvstore_pb2.AppendRequest) else msg
+                if "session_id" in target.DESCRIPTOR.fields_by_name and target.session_id:
+                    target.session_id = "fz-" + target.session_id
 
         def bounded(req):
             # A valid request without max_tokens generates until the context
@@ -332,13 +348,17 @@ class FuzzTest(unittest.TestCase):
             method = rng.choice(descriptor.methods)
             request_class = symbol_database.Default().GetSymbol(method.input_type.full_name)
 
+            sent = []  # the messages of this call, for the failure report
+
             def payload():
                 if rng.random() < 1 / 6:
+                    sent.append("(bytes that are not a message)")
                     return bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 5, 50, 500])))
                 msg = values.fill(request_class())
                 if isinstance(msg, g.GenerateRequest):
                     bounded(msg)
                 own_sequences(msg)
+                sent.append(str(msg)[:300])
                 return msg.SerializeToString()
 
             path = "/%s/%s" % (service, method.name)
@@ -357,7 +377,7 @@ class FuzzTest(unittest.TestCase):
             except grpc.RpcError as e:
                 count(path, e.code().name)
                 if e.code().name in BAD_CODES:
-                    bad.append("%s: %s %s" % (path, e.code().name, e.details()))
+                    bad.append("%s: %s %s\n  sent: %s" % (path, e.code().name, e.details(), sent))
             died = self.dead()
             self.assertEqual(died, [], "after call %d (%s)" % (i, path))
         for ch in channels.values():
@@ -423,7 +443,7 @@ class FuzzTest(unittest.TestCase):
 
         for (method, code), n in sorted(codes.items()):
             print("%5d %-20s %s" % (n, code, method))
-        self.assertEqual(bad, [], "seed %d" % SEED)
+        self.assertEqual(bad, [], "seed %d\n%s" % (SEED, self.log_tails()))
         # Round 3: the cluster still serves, and gives the same tokens (a
         # Register in round 1 may have taken a real worker's address: its next
         # heartbeat registers it again).
