@@ -255,6 +255,13 @@ v1::GenerateRequest ClusterHarness::Greedy(const std::vector<int>& prompt, int m
   return req;
 }
 
+v1::GenerateRequest ClusterHarness::ContinueTurn(const std::string& session, int max_tokens) {
+  v1::GenerateRequest req = Greedy({}, max_tokens);
+  req.set_session_id(session);
+  req.set_continue_turn(true);
+  return req;
+}
+
 GenerateResult ClusterHarness::Generate(const v1::GenerateRequest& req, double timeout_s) {
   GenerateResult out;
   grpc::ClientContext ctx;

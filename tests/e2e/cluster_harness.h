@@ -57,6 +57,8 @@ class ClusterHarness {
 
   GenerateResult Generate(const v1::GenerateRequest& req, double timeout_s = 60);
   static v1::GenerateRequest Greedy(const std::vector<int>& prompt, int max_tokens);
+  // A greedy continue_turn request on `session` (no new prompt).
+  static v1::GenerateRequest ContinueTurn(const std::string& session, int max_tokens);
 
   v1::StatsResponse Stats();
 

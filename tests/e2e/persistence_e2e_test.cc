@@ -132,9 +132,7 @@ TEST(PersistenceTest, StoppedClusterResumesUnderAnotherWorkerCountWithTheSameTok
   ASSERT_TRUE(c.ResumeSession("saved", &st).ok());
   EXPECT_TRUE(st.resident());
   EXPECT_EQ(st.tokens(), 17);
-  v1::GenerateRequest next = ClusterHarness::Greedy({}, 20);
-  next.set_session_id("saved");
-  next.set_continue_turn(true);
+  v1::GenerateRequest next = ClusterHarness::ContinueTurn("saved", 20);
   GenerateResult b = c.Generate(next);
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   EXPECT_EQ(b.final_msg.usage().cached_tokens(), 17);  // loaded from the store, not recomputed
@@ -187,9 +185,7 @@ TEST(PersistenceTest, CrashOfEveryProcessMidTurnContinuesFromTheLastCommittedTok
   ASSERT_TRUE(c.ResumeSession("cut", &st).ok());
   EXPECT_TRUE(st.resident());
   EXPECT_EQ(st.tokens(), nrec);
-  v1::GenerateRequest cont = ClusterHarness::Greedy({}, kTotal - m);
-  cont.set_session_id("cut");
-  cont.set_continue_turn(true);
+  v1::GenerateRequest cont = ClusterHarness::ContinueTurn("cut", kTotal - m);
   GenerateResult rest = c.Generate(cont);
   ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
   // Everything but the last stored token was loaded; that one was fed again.
@@ -230,9 +226,7 @@ TEST(PersistenceTest, SessionsOfAnotherCheckpointAreRefusedWithAClearError) {
   grpc::Status s = c.ResumeSession("mine", &st);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("fingerprint"), std::string::npos) << s.error_message();
-  v1::GenerateRequest req = ClusterHarness::Greedy({}, 4);
-  req.set_session_id("mine");
-  req.set_continue_turn(true);
+  v1::GenerateRequest req = ClusterHarness::ContinueTurn("mine", 4);
   GenerateResult r = c.Generate(req);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << r.status.error_message();
   // The cluster keeps serving, and the stored session is untouched.
@@ -270,9 +264,7 @@ TEST(PersistenceTest, AFailedDeleteLeavesASessionThatReloadsItsRows) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_NE(Find(list, "kept"), nullptr);
-  v1::GenerateRequest next = ClusterHarness::Greedy({}, 10);
-  next.set_session_id("kept");
-  next.set_continue_turn(true);
+  v1::GenerateRequest next = ClusterHarness::ContinueTurn("kept", 10);
   GenerateResult b = c.Generate(next);
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   std::vector<int> all = a.tokens;

@@ -213,9 +213,7 @@ TEST(ServiceTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   bad = ClusterHarness::Greedy(prompt, 4);
   bad.set_session_id("../etc/passwd");
   EXPECT_EQ(CodeOf(c, bad), grpc::StatusCode::INVALID_ARGUMENT);
-  bad = ClusterHarness::Greedy({}, 4);
-  bad.set_session_id("no-such-session");
-  bad.set_continue_turn(true);
+  bad = ClusterHarness::ContinueTurn("no-such-session", 4);
   EXPECT_EQ(CodeOf(c, bad, &msg), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(msg.find("no-such-session"), std::string::npos) << msg;
   {
@@ -291,9 +289,7 @@ TEST(ServiceTest, SessionsContinueWithoutRecomputation) {
   first.set_session_id("chat-1");
   GenerateResult a = c.Generate(first);
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
-  v1::GenerateRequest next = ClusterHarness::Greedy({}, 20);
-  next.set_session_id("chat-1");
-  next.set_continue_turn(true);
+  v1::GenerateRequest next = ClusterHarness::ContinueTurn("chat-1", 20);
   GenerateResult b = c.Generate(next);
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   std::vector<int> all = a.tokens;
@@ -339,9 +335,7 @@ TEST(ServiceTest, KilledWorkerEndsStreamsWithUnavailableAndTheSessionResumesExac
   EXPECT_EQ(CodeOf(c, ClusterHarness::Greedy(prompt, 2)), grpc::StatusCode::UNAVAILABLE);
   c.RestartWorker(1);
   ASSERT_TRUE(c.WaitReady(true, 30));
-  v1::GenerateRequest cont = ClusterHarness::Greedy({}, kTotal - static_cast<int>(got.tokens.size()));
-  cont.set_session_id("survivor");
-  cont.set_continue_turn(true);
+  v1::GenerateRequest cont = ClusterHarness::ContinueTurn("survivor", kTotal - static_cast<int>(got.tokens.size()));
   GenerateResult rest = c.Generate(cont);
   ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
   std::vector<int> all = got.tokens;
