@@ -295,6 +295,12 @@ v1::StatsResponse ClusterHarness::Stats() {
   return resp;
 }
 
+std::vector<int> Concat(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
 std::vector<int> InProcessGreedy(const std::string& model_dir, const std::vector<int>& prompt, int max_tokens) {
   EngineOptions opt;
   opt.kv_dtype = KvDtype::kFp8;

@@ -99,6 +99,9 @@ class ClusterHarness {
   std::unique_ptr<v1::Generation::Stub> stub_;
 };
 
+// a followed by b (a conversation's turns).
+std::vector<int> Concat(const std::vector<int>& a, const std::vector<int>& b);
+
 // The tokens the in-process engine gives for a greedy continuation (fp8 KV,
 // EOS ignored), the oracle for the cluster's tokens.
 std::vector<int> InProcessGreedy(const std::string& model_dir, const std::vector<int>& prompt, int max_tokens);

@@ -136,9 +136,7 @@ TEST(PersistenceTest, StoppedClusterResumesUnderAnotherWorkerCountWithTheSameTok
   GenerateResult b = c.Generate(next);
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   EXPECT_EQ(b.final_msg.usage().cached_tokens(), 17);  // loaded from the store, not recomputed
-  std::vector<int> all = first_tokens;
-  all.insert(all.end(), b.tokens.begin(), b.tokens.end());
-  EXPECT_EQ(all, want);
+  EXPECT_EQ(Concat(first_tokens, b.tokens), want);
   // Delete goes through the store.
   ASSERT_TRUE(c.DeleteSession("saved").ok());
   EXPECT_FALSE(fs::exists(path));
@@ -190,9 +188,7 @@ TEST(PersistenceTest, CrashOfEveryProcessMidTurnContinuesFromTheLastCommittedTok
   ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
   // Everything but the last stored token was loaded; that one was fed again.
   EXPECT_EQ(rest.final_msg.usage().cached_tokens(), nrec - 1);
-  std::vector<int> all(want.begin(), want.begin() + m);
-  all.insert(all.end(), rest.tokens.begin(), rest.tokens.end());
-  EXPECT_EQ(all, want);
+  EXPECT_EQ(Concat(std::vector<int>(want.begin(), want.begin() + m), rest.tokens), want);
 }
 
 TEST(PersistenceTest, SessionsOfAnotherCheckpointAreRefusedWithAClearError) {
@@ -267,9 +263,7 @@ TEST(PersistenceTest, AFailedDeleteLeavesASessionThatReloadsItsRows) {
   v1::GenerateRequest next = ClusterHarness::ContinueTurn("kept", 10);
   GenerateResult b = c.Generate(next);
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
-  std::vector<int> all = a.tokens;
-  all.insert(all.end(), b.tokens.begin(), b.tokens.end());
-  EXPECT_EQ(all, want);
+  EXPECT_EQ(Concat(a.tokens, b.tokens), want);
   // Loaded from the store, not recomputed: the prompt and 9 fed tokens.
   EXPECT_EQ(b.final_msg.usage().cached_tokens(), 8 + 9);
 }

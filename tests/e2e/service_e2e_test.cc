@@ -292,9 +292,7 @@ TEST(ServiceTest, SessionsContinueWithoutRecomputation) {
   v1::GenerateRequest next = ClusterHarness::ContinueTurn("chat-1", 20);
   GenerateResult b = c.Generate(next);
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
-  std::vector<int> all = a.tokens;
-  all.insert(all.end(), b.tokens.begin(), b.tokens.end());
-  EXPECT_EQ(all, want);
+  EXPECT_EQ(Concat(a.tokens, b.tokens), want);
   // Prompt + 9 fed tokens were in the stages' KV already.
   EXPECT_EQ(b.final_msg.usage().cached_tokens(), 8 + 9);
   EXPECT_EQ(b.final_msg.session_tokens(), 8 + 29);
@@ -338,9 +336,7 @@ TEST(ServiceTest, KilledWorkerEndsStreamsWithUnavailableAndTheSessionResumesExac
   v1::GenerateRequest cont = ClusterHarness::ContinueTurn("survivor", kTotal - static_cast<int>(got.tokens.size()));
   GenerateResult rest = c.Generate(cont);
   ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
-  std::vector<int> all = got.tokens;
-  all.insert(all.end(), rest.tokens.begin(), rest.tokens.end());
-  EXPECT_EQ(all, want);
+  EXPECT_EQ(Concat(got.tokens, rest.tokens), want);
   // The stages loaded what the KV store had committed (at least the prompt)
   // instead of recomputing the conversation.
   EXPECT_GE(rest.final_msg.usage().cached_tokens(), 8);
