@@ -11,15 +11,19 @@
 
 namespace strata {
 
-absl::StatusOr<std::string> MakeTempDir(std::string_view prefix) {
-  std::error_code ec;
-  const std::filesystem::path base = std::filesystem::temp_directory_path(ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("no temp directory: ", ec.message()));
-  std::string path = (base / (std::string(prefix) + "XXXXXX")).string();
+absl::StatusOr<std::string> MakeTempDirIn(const std::string& base, std::string_view prefix) {
+  std::string path = (std::filesystem::path(base) / (std::string(prefix) + "XXXXXX")).string();
   if (mkdtemp(path.data()) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("cannot make a directory ", path, ": ", std::strerror(errno)));
   }
   return path;
+}
+
+absl::StatusOr<std::string> MakeTempDir(std::string_view prefix) {
+  std::error_code ec;
+  const std::filesystem::path base = std::filesystem::temp_directory_path(ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("no temp directory: ", ec.message()));
+  return MakeTempDirIn(base.string(), prefix);
 }
 
 }  // namespace strata

@@ -13,6 +13,9 @@ namespace strata {
 // Makes "<temp dir>/<prefix>XXXXXX" and returns its path.
 absl::StatusOr<std::string> MakeTempDir(std::string_view prefix);
 
+// The same under `base` (tests pass their own temp dir).
+absl::StatusOr<std::string> MakeTempDirIn(const std::string& base, std::string_view prefix);
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_TEMP_DIR_H_

@@ -9,27 +9,24 @@
 #ifndef STRATA_COMMON_TESTING_SCRATCH_DIR_H_
 #define STRATA_COMMON_TESTING_SCRATCH_DIR_H_
 
-#include <stdlib.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <string_view>
 #include <system_error>
 
+#include "common/temp_dir.h"
 #include "gtest/gtest.h"
 
 namespace strata {
 
-// Returns the new directory's path, "<temp dir>/<prefix>XXXXXX". A failure to
-// make it fails the current test and returns the path that was tried.
+// Returns the new directory's path, "<test temp dir>/<prefix>XXXXXX" (see
+// MakeTempDirIn; the test must link strata::common). A failure to make it
+// fails the current test and returns the path that was tried.
 inline std::string MakeScratchDir(std::string_view prefix) {
-  std::string path = (std::filesystem::path(::testing::TempDir()) / (std::string(prefix) + "XXXXXX")).string();
-  if (mkdtemp(path.data()) == nullptr) {
-    ADD_FAILURE() << "cannot make a scratch directory " << path << ": " << std::strerror(errno);
-  }
-  return path;
+  absl::StatusOr<std::string> dir = MakeTempDirIn(::testing::TempDir(), prefix);
+  if (dir.ok()) return *dir;
+  ADD_FAILURE() << "cannot make a scratch directory: " << dir.status().message();
+  return (std::filesystem::path(::testing::TempDir()) / (std::string(prefix) + "XXXXXX")).string();
 }
 
 // A scratch directory removed (with its contents) when the object goes away:
