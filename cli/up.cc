@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "common/flags.h"
+#include "common/thread_pool.h"
 #include "coordinator/health_client.h"
 #include "grpcpp/grpcpp.h"
 
@@ -162,7 +163,9 @@ int Up(const std::vector<std::string>& args) {
   }
   if (*workers < 1 || *workers > 64) return Fail("--workers must be in [1, 64]", 2);
   if (*port < 0 || *port > 65535) return Fail("--port must be in [0, 65535]", 2);
-  if (*threads < 0 || *threads > 4096) return Fail("--worker-threads must be in [0, 4096]", 2);
+  if (*threads < 0 || *threads > kMaxThreads) {
+    return Fail(absl::StrCat("--worker-threads must be in [0, ", kMaxThreads, "]"), 2);
+  }
   if (*ready_timeout < 1) return Fail("--ready-timeout must be at least 1 (seconds)", 2);
   const std::string model = flags.Get("model", "models/demo");
   if (!fs::exists(fs::path(model) / "config.json")) {

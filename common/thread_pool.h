@@ -18,6 +18,10 @@
 
 namespace strata {
 
+// The most threads a pool is asked for through a flag or an RPC (engine
+// threads of a worker); larger requests are refused where they come in.
+inline constexpr int kMaxThreads = 4096;
+
 class ThreadPool {
  public:
   // num_threads == 0 means one per hardware thread. The calling thread also

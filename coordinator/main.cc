@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/thread_pool.h"
 #include "coordinator/cluster.h"
 #include "coordinator/generation_service.h"
 #include "coordinator/request.h"
@@ -69,7 +70,10 @@ int main(int argc, char** argv) {
     if (!v->ok()) return Usage(std::string(v->status().message()), flags);
   }
   if (*workers < 1 || *workers > 256) return Usage("--workers must be in [1, 256]", flags);
-  if (*wthreads < 0 || *wthreads > 4096) return Usage("--worker-threads must be in [0, 4096] (0: the worker's own)", flags);
+  if (*wthreads < 0 || *wthreads > strata::kMaxThreads) {
+    return Usage(absl::StrCat("--worker-threads must be in [0, ", strata::kMaxThreads, "] (0: the worker's own)"),
+                 flags);
+  }
   if (*max_running < 1 || *max_queued < 0 || *chunk < 1 || *down_ms < 100) {
     return Usage("--max-running, --prefill-chunk must be positive, --max-queued >= 0, --down-after-ms >= 100", flags);
   }

@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
   auto threads = flags.GetInt("threads", 0);
   auto chunk = flags.GetInt("max-chunk-bytes", strata::worker::kDefaultMaxChunkBytes);
   if (!threads.ok()) return Usage(std::string(threads.status().message()), flags);
-  if (*threads < 0 || *threads > 4096) return Usage("--threads must be in [0, 4096] (0: one per core)", flags);
+  if (*threads < 0 || *threads > strata::kMaxThreads) {
+    return Usage(absl::StrCat("--threads must be in [0, ", strata::kMaxThreads, "] (0: one per core)"), flags);
+  }
   if (!chunk.ok() || *chunk < 4096 || *chunk > (3 << 20)) {
     return Usage("--max-chunk-bytes must be in [4096, 3145728]", flags);
   }

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/thread_pool.h"
 #include "model/engine.h"
 #include "model/sampler.h"
 #include "strata/v1/worker.pb.h"
@@ -61,9 +62,6 @@ struct StageHostOptions {
   bool gpu = false;
   DeviceStageOptions gpu_options;
 };
-
-// Engine threads a stage may be asked for.
-inline constexpr int kMaxThreads = 4096;
 
 // INVALID_ARGUMENT unless 0 <= layer_begin < layer_end, 0 <= stage <
 // num_stages, 0 <= threads <= kMaxThreads, the kv dtype is known and the epoch
