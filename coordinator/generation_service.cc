@@ -159,22 +159,23 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc
     // A stored session is loaded onto the stages (or created) first.
     Detach([this, reactor, spec = std::move(*spec), deadline]() mutable {
       absl::Status st = sessions_->Prepare(&spec);
-      if (st.ok()) {
-        const bool reserved = spec.session_reserved;
-        const std::string id = spec.session_id;
-        st = scheduler_->Submit(std::move(spec), reactor->handle(), deadline);
-        if (!st.ok() && reserved) sessions_->Release(id);
-      }
+      if (st.ok()) st = Submit(std::move(spec), reactor->handle(), deadline);
       if (!st.ok()) reactor->Reject(st);
     });
     return reactor;
   }
-  const bool reserved = sessions_->ReserveResident(&*spec);
-  const std::string id = spec->session_id;
-  absl::Status st = scheduler_->Submit(std::move(*spec), reactor->handle(), deadline);
-  if (!st.ok() && reserved) sessions_->Release(id);
-  if (!st.ok()) reactor->Reject(st);
+  sessions_->ReserveResident(&*spec);
+  if (absl::Status st = Submit(std::move(*spec), reactor->handle(), deadline); !st.ok()) reactor->Reject(st);
   return reactor;
+}
+
+absl::Status GenerationService::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> sink,
+                                       std::optional<absl::Time> deadline) {
+  const bool reserved = spec.session_reserved;
+  const std::string id = spec.session_id;
+  absl::Status st = scheduler_->Submit(std::move(spec), std::move(sink), deadline);
+  if (!st.ok() && reserved) sessions_->Release(id);  // the reservation did not pass to the scheduler
+  return st;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,

@@ -52,6 +52,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Runs fn on a helper thread (calls that block on the KV store or the
   // stages must not hold a gRPC callback thread).
   void Detach(std::function<void()> fn);
+  // scheduler_->Submit; a session reservation it does not take over is
+  // released.
+  absl::Status Submit(RequestSpec spec, std::shared_ptr<GenerateSink> sink, std::optional<absl::Time> deadline);
 
   const ModelContext* const model_;
   Scheduler* const scheduler_;

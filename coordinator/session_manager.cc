@@ -74,9 +74,9 @@ bool SessionManager::NeedsPrepare(const RequestSpec& spec) {
   return !s->busy && !resident && s->persist;
 }
 
-bool SessionManager::ReserveResident(RequestSpec* spec) {
+void SessionManager::ReserveResident(RequestSpec* spec) {
   spec->session_reserved = false;
-  if (!store_ || spec->session_id.empty() || !spec->persist) return false;
+  if (!store_ || spec->session_id.empty() || !spec->persist) return;
   const int64_t epoch = cluster_->epoch();
   sessions_->Update(spec->session_id, false, [&](SessionEntry& s) {
     if (!s.busy && s.persist && s.seq_id != 0 && s.epoch == epoch) {
@@ -84,7 +84,6 @@ bool SessionManager::ReserveResident(RequestSpec* spec) {
       spec->session_reserved = true;
     }
   });
-  return spec->session_reserved;
 }
 
 absl::Status SessionManager::Prepare(RequestSpec* spec) {
@@ -99,15 +98,15 @@ absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::strin
                                                                 bool must_exist) {
   std::optional<SessionEntry> memory;  // the coordinator's copy, when it has one
   bool reserved = false;
-  // With a store, a session this coordinator does not know gets an empty
-  // entry, reserved, before the store is asked: a Delete, Resume or Generate
+  // A session this coordinator does not know gets an empty entry, reserved,
+  // before the store is asked: a Delete, Resume or Generate
   // of the same id arriving meanwhile finds it busy instead of deleting or
   // creating the store's copy under this request. The entry is erased again
   // when the request does not start.
   bool placeholder = false;
   absl::Status conflict;
   const int64_t epoch = cluster_->epoch();
-  sessions_->Update(id, /*create=*/store_ != nullptr, [&](SessionEntry& s) {
+  sessions_->Update(id, /*create=*/true, [&](SessionEntry& s) {
     if (s.busy) {
       conflict = absl::FailedPreconditionError(absl::StrCat("session '", id, "' already has a request running"));
       return;
@@ -120,7 +119,7 @@ absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::strin
       return;
     }
     memory = s;
-    if (!(s.seq_id != 0 && s.epoch == epoch) && s.persist && store_) {
+    if (!(s.seq_id != 0 && s.epoch == epoch) && s.persist) {
       s.busy = true;
       reserved = true;
     }
@@ -128,10 +127,6 @@ absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::strin
   RETURN_IF_ERROR(conflict);
   const bool exists = memory.has_value();
   if (exists && !reserved) return Outcome::kReady;  // resident, or kept in memory only
-  if (!store_) {
-    if (!exists && must_exist) return absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"));
-    return Outcome::kReady;
-  }
   auto release = [&] {
     if (placeholder) {
       sessions_->Erase(id);

@@ -84,9 +84,9 @@ class SessionManager {
   absl::Status Prepare(RequestSpec* spec);
   // For a request that needs no Prepare: marks a resident persistent
   // session busy (spec->session_reserved) so that a Delete cannot remove it,
-  // and the store's copy, between now and Submit. Returns whether it did; the
-  // caller calls Release if Submit then fails.
-  bool ReserveResident(RequestSpec* spec);
+  // and the store's copy, between now and Submit. The caller calls Release if
+  // Submit then fails.
+  void ReserveResident(RequestSpec* spec);
   void Release(const std::string& session_id);
 
   absl::StatusOr<v1::SessionState> Save(const std::string& id, absl::Time deadline);
@@ -100,6 +100,7 @@ class SessionManager {
  private:
   enum class Outcome { kReady, kReserved };
   // Reserves and, when needed, restores session `id` (see Prepare).
+  // REQUIRES: a store.
   absl::StatusOr<Outcome> Acquire(const std::string& id, bool create, bool must_exist);
   // Loads a stored session onto every stage. REQUIRES: reserved.
   absl::Status LoadOntoStages(const std::string& id, const std::optional<SessionEntry>& memory,
