@@ -49,22 +49,9 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
   // A new directory per cluster: the coordinator's address is read back from
   // its log, so a stale log must never be there to read.
   log_dir_ = MakeScratchDir(absl::StrCat("cluster_", getpid(), "_", counter++, "_"));
-  if (!options_.kv_dir.empty()) {
-    const std::string port_file = log_dir_ + "/kv.port";
-    kvstore_ = Spawn({Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=127.0.0.1:0",
-                      "--port_file=" + port_file, "--commit_threads=1"},
-                     log_dir_ + "/kvstore.log");
-    const auto deadline = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < deadline && kv_address_.empty()) {
-      std::ifstream f(port_file);
-      std::string p;
-      if (f >> p) kv_address_ = "127.0.0.1:" + p;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (kv_address_.empty()) {
-      error_ = "strata-kvstore did not start";
-      return;
-    }
+  if (!options_.kv_dir.empty() && !StartKvStore("127.0.0.1:0")) {
+    error_ = "strata-kvstore did not start" + Exited() + "; see " + log_dir_;
+    return;
   }
   const std::string out = log_dir_ + "/coordinator.out";
   std::vector<std::string> args = {Bin("coordinator", "strata-coordinator"), "--model", options_.model_dir,
@@ -209,14 +196,23 @@ void ClusterHarness::KillKvStore() { Terminate(kvstore_, SIGKILL); }
 
 bool ClusterHarness::RestartKvStore() {
   if (kvstore_ > 0) KillKvStore();
+  return StartKvStore(kv_address_);
+}
+
+bool ClusterHarness::StartKvStore(const std::string& listen) {
   const std::string port_file = log_dir_ + "/kv.port";
-  std::filesystem::remove(port_file);
-  kvstore_ = Spawn({Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + kv_address_,
+  fs::remove(port_file);
+  kvstore_ = Spawn({Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + listen,
                     "--port_file=" + port_file, "--commit_threads=1"},
                    log_dir_ + "/kvstore.log");
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   while (Clock::now() < deadline) {
-    if (std::filesystem::exists(port_file)) return true;
+    std::ifstream f(port_file);
+    std::string port;
+    if (f >> port) {
+      kv_address_ = "127.0.0.1:" + port;
+      return true;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;

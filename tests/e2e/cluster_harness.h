@@ -86,6 +86,9 @@ class ClusterHarness {
  private:
   pid_t Spawn(const std::vector<std::string>& argv, const std::string& log);
   void StartWorker(int i);
+  // Starts strata-kvstore on options_.kv_dir listening at `listen` (port 0:
+  // any) and waits up to 20 s for its port; sets kv_address_.
+  bool StartKvStore(const std::string& listen);
   // " (worker w1 exited with 1, ...)" for the processes that have ended
   // (reaping them), or "" when all still run.
   std::string Exited();
