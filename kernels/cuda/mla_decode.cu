@@ -196,14 +196,14 @@ __device__ __forceinline__ void MapStage(const MlaDecodeParams& p, const Smem& s
   MapRow(p, SpanOf(p, c.it), g - c.it.stage_start, r, page, slot);
 }
 
-// A row of a stage two iterations ahead of its copy: its sparse index entry
-// is loaded (and not waited for) one iteration before its page-table entry,
-// which is loaded one iteration before the row map is stored — MapRow in two
-// halves, so that neither dependent load stalls the producer.
+// Sparse launches map a row in two halves, an iteration apart: the index
+// entry of stage n + 4 is loaded (and not waited for) one iteration before
+// its page-table entry, which is loaded one iteration before the row map is
+// stored — so that neither dependent load stalls the producer (MapRow does
+// both at once).
 struct PendingRow {
-  int64_t e;           // the entry (dense: the position)
-  int idx;             // sparse: indices[e] as loaded, -1 past index_stride
-  int64_t seq_len;
+  int idx;             // indices[e] as loaded, -1 past index_stride
+  int seq_len;
   const int* table;
 };
 
@@ -214,20 +214,18 @@ __device__ __forceinline__ void IssueRow(const MlaDecodeParams& p, const Smem& s
     while (g >= c.it.stage_start + c.it.stages) c.it = sm.items[++c.k];  // g only grows
   }
   const StageSpan span = SpanOf(p, c.it);
-  row.e = span.first + static_cast<int64_t>(g - c.it.stage_start) * kStageRows + r;
-  row.seq_len = span.seq_len;
+  const int64_t e = span.first + static_cast<int64_t>(g - c.it.stage_start) * kStageRows + r;
+  row.seq_len = c.it.seq_len;
   row.table = span.table;
-  row.idx = -1;
-  if (span.indices != nullptr && row.e < p.index_stride) row.idx = span.indices[row.e];
+  row.idx = e < p.index_stride ? span.indices[e] : -1;
 }
 
-__device__ __forceinline__ void ResolveRow(const MlaDecodeParams& p, const PendingRow& row, int& page, int& slot) {
-  const int64_t pos = p.indices != nullptr ? row.idx : row.e;
+__device__ __forceinline__ void ResolveRow(const PendingRow& row, int& page, int& slot) {
   page = -1;
   slot = 0;
-  if (pos < 0 || pos >= row.seq_len) return;
-  slot = static_cast<int>(pos & (kPageTokens - 1));
-  page = row.table[pos / kPageTokens];
+  if (row.idx < 0 || row.idx >= row.seq_len) return;
+  slot = row.idx & (kPageTokens - 1);
+  page = row.table[row.idx / kPageTokens];
 }
 
 // Issues the cp.async copies of a stage whose row map is in `st`.
@@ -397,7 +395,7 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
       nst.slot[pt] = map_slot;
       map_page = -1;
       if constexpr (kSparse) {
-        if (next + 1 < total) ResolveRow(p, pending, map_page, map_slot);
+        if (next + 1 < total) ResolveRow(pending, map_page, map_slot);
         if (next + 2 < total) IssueRow<kMulti>(p, sm, cursor, next + 2, pt, pending);
       } else {
         if (next + 1 < total) MapStage<kMulti>(p, sm, cursor, next + 1, pt, map_page, map_slot);
