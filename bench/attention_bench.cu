@@ -4,8 +4,9 @@
 // bandwidth measured in the same run. The matrix peak is passed in
 // (--matrix_tflops, measured by bench/gpu_check.sh) or the bf16 datasheet value.
 //
-// Usage: strata_attention_bench [--matrix_tflops=X] [--quick] [--case=TEXT]
-// (--case: only the cases whose name contains TEXT, e.g. for a profiler run)
+// Usage: strata_attention_bench [--matrix_tflops=X] [--quick] [--graph] [--case=TEXT]
+// (--case: only the cases whose name contains TEXT, e.g. for a profiler run;
+// --graph: each decode case is also timed replayed from a CUDA graph)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -63,6 +64,41 @@ double TimeUs(F&& fn) {
   return ms[kReps / 2] * 1000.0;
 }
 
+// The same per launch, replayed from one CUDA graph of kReps launches (as a
+// server replays a captured decode step): fn(rep, stream) launches on
+// `stream`. What the launch costs the host and the gap between kernels that
+// event timing of single launches includes are left out.
+template <typename F>
+double TimeGraphUs(F&& fn) {
+  cudaStream_t s;
+  STRATA_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  STRATA_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kReps; ++i) fn(kWarmup + i, s);
+  STRATA_CUDA_OK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  STRATA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_OK(cudaEventCreate(&e0));
+  STRATA_CUDA_OK(cudaEventCreate(&e1));
+  std::vector<float> ms(5);
+  STRATA_CUDA_OK(cudaGraphLaunch(exec, s));  // warm-up
+  for (float& m : ms) {
+    STRATA_CUDA_OK(cudaEventRecord(e0, s));
+    STRATA_CUDA_OK(cudaGraphLaunch(exec, s));
+    STRATA_CUDA_OK(cudaEventRecord(e1, s));
+    STRATA_CUDA_OK(cudaEventSynchronize(e1));
+    STRATA_CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1000.0 / kReps;
+}
+
 void Report(const Ceilings& c, const std::string& name, double us, double bytes, double flops) {
   Row r{name, us, bytes, flops, 0};
   r.floor_us = std::max(bytes / c.copy_bw, flops / c.matrix_flops) * 1e6;
@@ -108,6 +144,7 @@ DeviceKv Upload(const ref::PagedKv& kv) {
 
 int g_sms = 132;
 std::string g_case;  // --case=TEXT: only the cases whose name contains TEXT
+bool g_graph = false;  // --graph: decode cases timed from a CUDA graph too
 
 bool Selected(const std::string& name) { return g_case.empty() || name.find(g_case) != std::string::npos; }
 
@@ -194,13 +231,15 @@ void BenchDecode(const Ceilings& c, const std::string& name, const std::vector<i
     p.ml_partial = ml.as<float>();
     p.out = out.as<float>();
     p.lse = lse.as<float>();
-    const double us = TimeUs([&](int rep) {
+    auto launch = [&](int rep, cudaStream_t stream) {
       p.pool = d.pools[rep % d.pools.size()].as<uint8_t>();
-      STRATA_CUDA_OK(sc::LaunchMlaDecode(p, nullptr));
-    });
+      STRATA_CUDA_OK(sc::LaunchMlaDecode(p, stream));
+    };
+    const double us = TimeUs([&](int rep) { launch(rep, nullptr); });
     char label[200];
     std::snprintf(label, sizeof label, "%s%s (%d splits)", name.c_str(), labels[v].c_str(), plan.total_splits);
     Report(c, label, us, bytes_of(rows), flops_of(rows));
+    if (g_graph) Report(c, std::string(label) + " graph", TimeGraphUs(launch), bytes_of(rows), flops_of(rows));
   }
 }
 
@@ -278,6 +317,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("--matrix_tflops=", 0) == 0) matrix_tflops = std::atof(a.c_str() + 16);
     if (a == "--quick") quick = true;
+    if (a == "--graph") g_graph = true;
     if (a.rfind("--case=", 0) == 0) g_case = a.substr(7);
   }
   if (!strata::cuda::testing::HaveDevice()) {

@@ -96,7 +96,7 @@ if command -v cuobjdump > /dev/null; then
 fi
 
 if [ "${ATTENTION_BENCH:-1}" = 1 ]; then
-  timeout 180 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
+  timeout 180 "$BIN/strata_attention_bench" --matrix_tflops="$PEAK" --graph 2>&1 | tee "$OUT/bench.log" | grep -v "^|"
 fi
 # DeepSeek-V3-sized layers end to end (synthetic weights), dense and DSA,
 # then the routed experts of one MoE step (random routing).
