@@ -344,8 +344,13 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 64; ++i) mixed.push_back(512 * (1 + (i * 37) % 64));
     BenchDecode(c, "dense B=64 mixed 0.5k-32k", mixed, 0, {8}, {""});
   }
-  const std::vector<int> sparse_tiles = {1, 2, 8};
-  const std::vector<std::string> sparse_labels = {" 1 tile/split", " 2 tiles/split", " 8 tiles/split"};
+  // 32 tiles per split is one split per request (a k = 2048 selection is 32
+  // tiles): no partials and no merge, the schedule of a kernel that sizes
+  // its splits from the batch; next to it the same rows read contiguously.
+  const std::vector<int> sparse_tiles = {1, 2, 8, 32};
+  const std::vector<std::string> sparse_labels = {" 1 tile/split", " 2 tiles/split", " 8 tiles/split",
+                                                  " 32 tiles/split"};
+  BenchDecode(c, "dense B=64 T=2k", std::vector<int64_t>(64, 2 * K), 0, {32}, {" 32 tiles/split"});
   BenchDecode(c, "sparse k=2048 B=1 T=128k", {128 * K}, 2048, sparse_tiles, sparse_labels);
   BenchDecode(c, "sparse k=2048 B=64 T=8k", std::vector<int64_t>(64, 8 * K), 2048, sparse_tiles, sparse_labels);
   BenchIndexer(c, 1, 128 * K, 2048);
