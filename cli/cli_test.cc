@@ -89,6 +89,10 @@ TEST_F(CliTest, ScorePrintsTheDocumentedJson) {
 
 TEST_F(CliTest, BadInputGivesAClearError) {
   EXPECT_EQ(Strata("score --model " + dir_ + " --tokens 3,50").code, 1);       // outside vocab
+  // ... named by its position in the whole sequence (scoring runs one token per step)
+  const RunResult vocab = Strata("score --model " + dir_ + " --tokens 3,4,50", /*keep_stderr=*/true);
+  EXPECT_EQ(vocab.code, 1);
+  EXPECT_NE(vocab.out.find("token id 50 at position 2 is outside"), std::string::npos) << vocab.out;
   EXPECT_EQ(Strata("score --model " + dir_ + " --tokens 3,x").code, 2);        // not a number
   EXPECT_EQ(Strata("score --model " + dir_).code, 2);                          // no tokens
   EXPECT_EQ(Strata("score --model " + dir_ + " --tokens 1 --kv-dtype f16").code, 2);

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/generation_flags.h"
 #include "common/flags.h"
+#include "common/thread_pool.h"
 #include "model/chat_format.h"
 #include "model/engine.h"
 #include "model/sampler.h"
@@ -60,7 +61,9 @@ int Generate(const std::vector<std::string>& args) {
   SamplingParams sp = *std::move(parsed);
   auto threads = flags.GetInt("threads", 0);
   if (!threads.ok()) return Fail(threads.status(), 2);
-  if (*threads < 0 || *threads > 1024) return Fail(absl::InvalidArgumentError("--threads must be in [0, 1024]"), 2);
+  if (*threads < 0 || *threads > kMaxThreads) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--threads must be in [0, ", kMaxThreads, "]")), 2);
+  }
 
   EngineOptions opt;
   opt.num_threads = static_cast<int>(*threads);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "common/flags.h"
+#include "common/thread_pool.h"
 #include "model/engine.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -81,7 +82,9 @@ int Score(const std::vector<std::string>& args) {
   opt.fp8_indexer_keys = flags.Has("fp8-indexer-keys");
   auto threads = flags.GetInt("threads", 0);
   if (!threads.ok()) return Fail(threads.status(), 2);
-  if (*threads < 0 || *threads > 1024) return Fail(absl::InvalidArgumentError("--threads must be in [0, 1024]"), 2);
+  if (*threads < 0 || *threads > kMaxThreads) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--threads must be in [0, ", kMaxThreads, "]")), 2);
+  }
   opt.num_threads = static_cast<int>(*threads);
 
   auto engine = Engine::Load(flags.Get("model"), opt);
@@ -89,6 +92,14 @@ int Score(const std::vector<std::string>& args) {
   Engine& e = **engine;
   const int V = e.config().vocab_size;
   const int T = static_cast<int>(tokens->size());
+  // Checked here for the whole sequence: the engine sees one token per step
+  // and would name the position within that step.
+  for (int i = 0; i < T; ++i) {
+    if ((*tokens)[i] < 0 || (*tokens)[i] >= V) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("token id ", (*tokens)[i], " at position ", i,
+                                                          " is outside the model's vocabulary [0, ", V, ")")));
+    }
+  }
   std::vector<float> logits;
   auto seq = e.NewSequence();
   if (flags.Has("prefill")) {
