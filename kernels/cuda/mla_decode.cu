@@ -102,6 +102,11 @@ struct Smem {
   float l_part[2][kHeadsPerBlock];         // epilogue: each math warpgroup's row sums
   ItemInfo items[kMaxItems];
   int total_stages;
+  // Sparse launches: the pool offset of each row's latent codes in raw stage
+  // s (0 when masked), computed once by the row's mapping thread, so that the
+  // eight copies of a row's chunks cost an add each. Last, so that the dense
+  // kernels' layout is that of a kernel without it.
+  int64_t latent_offset[kRawStages][kStageRows];
 };
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the swizzled blocks
 static_assert(kBarFull + kKvStages <= 16, "named barrier ids");
@@ -228,9 +233,24 @@ __device__ __forceinline__ void ResolveRow(const PendingRow& row, int& page, int
   page = row.table[row.idx / kPageTokens];
 }
 
-// Issues the cp.async copies of a stage whose row map is in `st`.
-__device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st, int pt) {
-  if (p.indices == nullptr && st.page[0] >= 0) {
+// Sparse launches: the pool offset of a row's latent codes (0 when masked).
+__device__ __forceinline__ int64_t LatentOffset(int page, int slot) {
+  return page >= 0 ? static_cast<int64_t>(page) * kPageBytes + kPageLatentOffset + slot * kLatentDim : 0;
+}
+
+// Issues the cp.async copies of a stage whose row map is in `st` (and, for
+// sparse launches, its rows' latent offsets in `offsets`).
+template <bool kSparse>
+__device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st, const int64_t* offsets, int pt) {
+  if constexpr (kSparse) {
+    // Each thread copies chunk pt % 32 of rows pt / 32, + 4, + 8, ...
+    const uint8_t* base = p.pool + (pt & 31) * 16;
+#pragma unroll
+    for (int i = 0; i < kStageRows * 32 / kProducerThreads; ++i) {
+      const int row = (pt >> 5) + i * (kProducerThreads / 32);
+      dev::CpAsync16(&st.latent[row][(pt & 31) * 16], base + offsets[row], st.page[row] >= 0);
+    }
+  } else if (p.indices == nullptr && st.page[0] >= 0) {
     // Dense: the stage is 32 consecutive slots of one page. Rows past the
     // sequence are loaded too and masked by the row map.
     const uint8_t* page = p.pool + static_cast<size_t>(st.page[0]) * kPageBytes;
@@ -247,16 +267,18 @@ __device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st
     if (pt < kStageRows)
       dev::CpAsync8(&st.scale[pt][0], page + kPageScaleOffset + (slot0 + pt) * 8, true);
     return;
-  }
+  } else {
+    // Dense, a stage whose first row is masked: row by row.
 #pragma unroll
-  for (int i = 0; i < kStageRows * 32 / kProducerThreads; ++i) {
-    const int c = pt + i * kProducerThreads;
-    const int row = c >> 5, part = c & 31;
-    const int page = st.page[row];
-    const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
-                                         kPageLatentOffset + st.slot[row] * kLatentDim + part * 16
-                                   : p.pool;
-    dev::CpAsync16(&st.latent[row][part * 16], src, page >= 0);
+    for (int i = 0; i < kStageRows * 32 / kProducerThreads; ++i) {
+      const int c = pt + i * kProducerThreads;
+      const int row = c >> 5, part = c & 31;
+      const int page = st.page[row];
+      const uint8_t* src = page >= 0 ? p.pool + static_cast<size_t>(page) * kPageBytes +
+                                           kPageLatentOffset + st.slot[row] * kLatentDim + part * 16
+                                     : p.pool;
+      dev::CpAsync16(&st.latent[row][part * 16], src, page >= 0);
+    }
   }
   if (pt < kStageRows * 4) {
     const int row = pt >> 2, part = pt & 3;
@@ -369,12 +391,15 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
   // groups included, so that "all but the newest group" is always stage n).
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
-    if (mapper && n < total) MapStage<kMulti>(p, sm, cursor, n, pt, sm.raw[n].page[pt], sm.raw[n].slot[pt]);
+    if (mapper && n < total) {
+      MapStage<kMulti>(p, sm, cursor, n, pt, sm.raw[n].page[pt], sm.raw[n].slot[pt]);
+      if constexpr (kSparse) sm.latent_offset[n][pt] = LatentOffset(sm.raw[n].page[pt], sm.raw[n].slot[pt]);
+    }
   }
   wgmma::BarSync(kBarProducer, kProducerThreads);
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
-    if (n < total) LoadStage(p, sm.raw[n], pt);
+    if (n < total) LoadStage<kSparse>(p, sm.raw[n], sm.latent_offset[n], pt);
     dev::CpAsyncCommit();
   }
   // The row map of stage n + 3 is loaded into registers one iteration before
@@ -393,6 +418,7 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
     if (mapper) {
       nst.page[pt] = map_page;
       nst.slot[pt] = map_slot;
+      if constexpr (kSparse) sm.latent_offset[next % kRawStages][pt] = LatentOffset(map_page, map_slot);
       map_page = -1;
       if constexpr (kSparse) {
         if (next + 1 < total) ResolveRow(pending, map_page, map_slot);
@@ -402,7 +428,7 @@ __device__ __forceinline__ void Produce(const MlaDecodeParams& p, Smem& sm, int 
       }
     }
     wgmma::BarSync(kBarProducer, kProducerThreads);
-    if (next < total) LoadStage(p, nst, pt);
+    if (next < total) LoadStage<kSparse>(p, nst, sm.latent_offset[next % kRawStages], pt);
     dev::CpAsyncCommit();
     const int kv = n & 1;
     if (n >= kKvStages) wgmma::BarSync(kBarEmpty + kv, kThreads);  // the math released it
