@@ -243,12 +243,23 @@ __device__ __forceinline__ int64_t LatentOffset(int page, int slot) {
 template <bool kSparse>
 __device__ __forceinline__ void LoadStage(const MlaDecodeParams& p, RawStage& st, const int64_t* offsets, int pt) {
   if constexpr (kSparse) {
-    // Each thread copies chunk pt % 32 of rows pt / 32, + 4, + 8, ...
+    // Each thread copies chunk pt % 32 of rows pt / 32, + 4, + 8, ...; their
+    // maps are all read before the first copy, which would otherwise wait
+    // for each row's shared-memory reads in turn.
+    constexpr int kRows = kStageRows * 32 / kProducerThreads;
     const uint8_t* base = p.pool + (pt & 31) * 16;
+    int64_t off[kRows];
+    bool valid[kRows];
 #pragma unroll
-    for (int i = 0; i < kStageRows * 32 / kProducerThreads; ++i) {
+    for (int i = 0; i < kRows; ++i) {
       const int row = (pt >> 5) + i * (kProducerThreads / 32);
-      dev::CpAsync16(&st.latent[row][(pt & 31) * 16], base + offsets[row], st.page[row] >= 0);
+      off[i] = offsets[row];
+      valid[i] = st.page[row] >= 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int row = (pt >> 5) + i * (kProducerThreads / 32);
+      dev::CpAsync16(&st.latent[row][(pt & 31) * 16], base + off[i], valid[i]);
     }
   } else if (p.indices == nullptr && st.page[0] >= 0) {
     // Dense: the stage is 32 consecutive slots of one page. Rows past the
