@@ -117,6 +117,19 @@ static_assert(kKvStages == 2 && kKvStages * kPStageUnits * 16 == 128, "two stage
 static_assert(offsetof(Smem, kv) % 1024 == 0 && offsetof(Smem, pp) % 1024 == 0, "swizzled atoms");
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
+// A split's partial context is stored by groups of kPartialHeads heads: for
+// each, 64 blocks of 8 dims, each holding those dims of the group's heads in
+// turn. A warp's stores (8 heads x 8 dims) and a merge group's loads (8 heads
+// x 64 dims) are then contiguous. The float offset of dim d (a multiple of 8)
+// of head h in split slot `slot`:
+constexpr int kPartialHeads = 8;
+__device__ __forceinline__ int64_t PartialOffset(int heads, int slot, int h, int d) {
+  const int groups = (heads + kPartialHeads - 1) / kPartialHeads;
+  return ((static_cast<int64_t>(slot) * groups + h / kPartialHeads) * (kLatentDim / 8) + d / 8) *
+             (8 * kPartialHeads) +
+         (h % kPartialHeads) * 8;
+}
+
 // Work item `flat` of the plan in (head group, work item) order, with
 // stage_start = 0.
 __device__ __forceinline__ ItemInfo ReadItem(const MlaDecodeParams& p, int flat) {
@@ -735,13 +748,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int h = h0 + row0 + 8 * i;
       if (h >= p.heads) continue;
       const float inv = single ? (l_tot[i] > 0.0f ? 1.0f / l_tot[i] : 0.0f) : 1.0f;
-      float* dst = (single ? p.out + (static_cast<int64_t>(b) * p.heads + h) * kLatentDim
-                           : p.o_partial + (static_cast<int64_t>(slot) * p.heads + h) * kLatentDim) +
-                   wg * 256 + 2 * q;
+      if (single) {
+        float* const dst = p.out + (static_cast<int64_t>(b) * p.heads + h) * kLatentDim + wg * 256 + 2 * q;
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      } else {
+        // In the layout of PartialOffset: each of these stores of a warp
+        // fills 256 consecutive bytes.
+        float* const dst = p.o_partial + PartialOffset(p.heads, slot, h, wg * 256) + 2 * q;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * kPartialHeads * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+      }
       if (wg == 0 && q == 0) {
         if (single) {
           p.lse[static_cast<int64_t>(b) * p.heads + h] =
@@ -755,48 +774,63 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// One block per (request, head): four groups of 128 threads, each thread 4
-// dims. Group g accumulates splits g, g + 4, ... in that order, kUnroll
-// splits' loads in flight per thread, then the groups are added in a fixed
-// order, so the bits depend on the request's splits only (not on kUnroll).
-// kUnroll 16 reads 64 splits in one round trip but needs 120 registers (one
-// block per SM); kUnroll 4 fits three blocks per SM, which large batches need.
+// One block per (request, group of kPartialHeads heads, eighth of the dims):
+// four groups of 128 threads, each thread 4 dims of one head. Group g
+// accumulates splits g, g + 4, ... in that order, kUnroll splits' loads in
+// flight per thread, then the groups are added in a fixed order, so the bits
+// depend on the request's splits only (not on kUnroll). kUnroll 16 reads 64
+// splits in one round trip but needs 126 registers (one block per SM);
+// kUnroll 2 fits three blocks per SM (40 registers), which large batches
+// need: 4 needs 54, and at two blocks per SM batch 64 was 2-8 % slower.
 constexpr int kMergeGroups = 4;
 constexpr int kMergeThreads = kMergeGroups * kLatentDim / 4;
+// Blocks per head group: a group's 128 threads cover 8 heads x 64 dims.
+constexpr int kMergeDimParts = kPartialHeads * kLatentDim / 4 / (kMergeThreads / kMergeGroups);
+static_assert(kMergeThreads == 64 * kPartialHeads, "the max pass takes 64 threads per head");
 
 template <int kUnroll>
-__global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaDecodeParams p) {
+__global__ void __launch_bounds__(kMergeThreads, kUnroll <= 2 ? 3 : 1) MlaDecodeMergeKernel(const MlaDecodeParams p) {
   __shared__ float s_red[kMergeThreads / 32];
-  __shared__ float4 s_acc[kMergeGroups - 1][kLatentDim / 4];
-  __shared__ float s_l[kMergeGroups];
+  __shared__ float4 s_acc[kMergeGroups - 1][kMergeThreads / kMergeGroups];
+  __shared__ float s_l[kMergeGroups][kPartialHeads];
   // Every block waits, also those with nothing to merge: the kernels after
   // this one on the stream must find the split kernel finished.
   dev::GridDependencyWait();
-  const int b = blockIdx.x, h = blockIdx.y;
+  const int b = blockIdx.x, hg = blockIdx.y, part = blockIdx.z;
   const int first = p.split_offset[b], n = p.split_offset[b + 1] - first;
   if (n <= 1) return;  // written by the split kernel
-  const int tid = threadIdx.x, grp = tid / (kLatentDim / 4), col = tid % (kLatentDim / 4);
-  const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + h) * 2;
+  const int tid = threadIdx.x, grp = tid / (kMergeThreads / kMergeGroups), col = tid % (kMergeThreads / kMergeGroups);
+  // col reads float4 `col` of the block's 8 dim blocks: dims d .. d + 3 of head r.
+  const int r = (col >> 1) % kPartialHeads, h = hg * kPartialHeads + r;
+  const int d = part * (kLatentDim / kMergeDimParts) + (col / (2 * kPartialHeads)) * 8 + (col & 1) * 4;
+  const bool real = h < p.heads;
   const int64_t ml_step = static_cast<int64_t>(p.heads) * 2;
 
-  // The largest running max over the splits (fmaxf: exact, order-free).
-  float m = -INFINITY;
-  for (int s = tid; s < n; s += kMergeThreads) m = fmaxf(m, ml[s * ml_step]);
+  // The largest running max over the splits of each head (fmaxf: exact,
+  // order-free): 64 threads per head.
+  {
+    const int rh = hg * kPartialHeads + tid / 64;
+    float m = -INFINITY;
+    if (rh < p.heads) {
+      const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + rh) * 2;
+      for (int s = tid % 64; s < n; s += 64) m = fmaxf(m, ml[s * ml_step]);
+    }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  if ((tid & 31) == 0) s_red[tid >> 5] = m;
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((tid & 31) == 0) s_red[tid >> 5] = m;
+  }
   __syncthreads();
-  m = s_red[0];
-#pragma unroll
-  for (int i = 1; i < kMergeThreads / 32; ++i) m = fmaxf(m, s_red[i]);
+  const float m = fmaxf(s_red[2 * r], s_red[2 * r + 1]);
 
   // Group sums; an empty split (sum 0) or an all-empty request weighs 0.
   float l = 0.0f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4* o = reinterpret_cast<const float4*>(
-      p.o_partial + (static_cast<int64_t>(first) * p.heads + h) * kLatentDim) + col;
-  const int64_t o_step = static_cast<int64_t>(p.heads) * (kLatentDim / 4);
-  for (int s0 = grp; s0 < n; s0 += kMergeGroups * kUnroll) {
+  const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + (real ? h : 0)) * 2;
+  const float4* o = reinterpret_cast<const float4*>(p.o_partial + PartialOffset(p.heads, first, h, d)) +
+                    (col & 1);
+  const int64_t o_step = static_cast<int64_t>((p.heads + kPartialHeads - 1) / kPartialHeads) * kPartialHeads *
+                         (kLatentDim / 4);
+  for (int s0 = grp; s0 < n && real; s0 += kMergeGroups * kUnroll) {
     float wgt[kUnroll], ls[kUnroll];
     float4 v[kUnroll];
 #pragma unroll
@@ -823,12 +857,13 @@ __global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaD
       acc.w += wgt[u] * v[u].w;
     }
   }
+  const bool head_leader = col == 2 * r;  // one thread per head and group
   if (grp > 0) {
     s_acc[grp - 1][col] = acc;
-    if (col == 0) s_l[grp] = l;
+    if (head_leader) s_l[grp][r] = l;
   }
   __syncthreads();
-  if (grp != 0) return;
+  if (grp != 0 || !real) return;
 #pragma unroll
   for (int g = 1; g < kMergeGroups; ++g) {
     const float4 a = s_acc[g - 1][col];
@@ -836,13 +871,13 @@ __global__ void __launch_bounds__(kMergeThreads) MlaDecodeMergeKernel(const MlaD
     acc.y += a.y;
     acc.z += a.z;
     acc.w += a.w;
-    l += s_l[g];
+    l += s_l[g][r];
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   const int64_t orow = static_cast<int64_t>(b) * p.heads + h;
-  reinterpret_cast<float4*>(p.out + orow * kLatentDim)[col] =
+  *reinterpret_cast<float4*>(p.out + orow * kLatentDim + d) =
       make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  if (col == 0) p.lse[orow] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+  if (head_leader && part == 0) p.lse[orow] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
 }
 
 }  // namespace
@@ -905,10 +940,10 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Few merge blocks (B = 1): each one's latency counts, so many loads in
   // flight; many blocks: occupancy counts.
-  const dim3 merge_grid(p.batch, p.heads);
+  const dim3 merge_grid(p.batch, (p.heads + kPartialHeads - 1) / kPartialHeads, kMergeDimParts);
   if (static_cast<int64_t>(p.batch) * p.heads <= 2 * sms)
     return dev::LaunchAfter(MlaDecodeMergeKernel<16>, merge_grid, dim3(kMergeThreads), stream, p);
-  return dev::LaunchAfter(MlaDecodeMergeKernel<4>, merge_grid, dim3(kMergeThreads), stream, p);
+  return dev::LaunchAfter(MlaDecodeMergeKernel<2>, merge_grid, dim3(kMergeThreads), stream, p);
 }
 
 }  // namespace strata::cuda

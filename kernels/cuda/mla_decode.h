@@ -61,7 +61,8 @@ struct MlaDecodeParams {
   const int* split_offset;   // [batch + 1] first partial slot of each request
 
   // Workspace: total_splits = split_offset[batch].
-  float* o_partial;          // [total_splits][heads][512] unnormalised partial context
+  float* o_partial;          // unnormalised partial contexts, MlaPartialFloats(total_splits, heads)
+                             // floats in the kernels' own layout
   float* ml_partial;         // [total_splits][heads][2] {running max (log2 units), sum}
 
   // Outputs.
@@ -100,9 +101,9 @@ struct MlaDecodePlan {
 MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
                             const MlaSplitPolicy& policy, bool sparse = false);
 
-// Workspace floats needed for o_partial and ml_partial.
+// Workspace floats needed for o_partial (heads rounded up to groups of 8).
 inline int64_t MlaPartialFloats(int total_splits, int heads) {
-  return static_cast<int64_t>(total_splits) * heads * 512;
+  return static_cast<int64_t>(total_splits) * ((heads + 7) / 8 * 8) * 512;
 }
 
 // Launches the split kernel and the merge. REQUIRES: params filled from a plan
