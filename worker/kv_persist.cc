@@ -280,7 +280,9 @@ AppendStream* AppendState::FailLocked(const absl::Status& s) {
     done_ = true;
     buffer_.clear();
     buffered_bytes_ = 0;
-    Log(absl::StrCat("persistence stopped: ", s.ToString()));
+    // NOT_FOUND: the session was deleted (its sequence is being freed too).
+    Log(absl::StrCat("persistence stopped", absl::IsNotFound(s) ? " (the session is gone from the store)" : "", ": ",
+                     s.ToString()));
   }
   return ReserveLocked();
 }
