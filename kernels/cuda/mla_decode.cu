@@ -117,18 +117,7 @@ static_assert(kKvStages == 2 && kKvStages * kPStageUnits * 16 == 128, "two stage
 static_assert(offsetof(Smem, kv) % 1024 == 0 && offsetof(Smem, pp) % 1024 == 0, "swizzled atoms");
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
-// A split's partial context is stored by groups of kPartialHeads heads: for
-// each, 64 blocks of 8 dims, each holding those dims of the group's heads in
-// turn. A warp's stores (8 heads x 8 dims) and a merge group's loads (8 heads
-// x 64 dims) are then contiguous. The float offset of dim d (a multiple of 8)
-// of head h in split slot `slot`:
-constexpr int kPartialHeads = 8;
-__device__ __forceinline__ int64_t PartialOffset(int heads, int slot, int h, int d) {
-  const int groups = (heads + kPartialHeads - 1) / kPartialHeads;
-  return ((static_cast<int64_t>(slot) * groups + h / kPartialHeads) * (kLatentDim / 8) + d / 8) *
-             (8 * kPartialHeads) +
-         (h % kPartialHeads) * 8;
-}
+constexpr int kPartialHeads = kMlaPartialHeads;  // the partials' head groups (mla_decode.h)
 
 // Work item `flat` of the plan in (head group, work item) order, with
 // stage_start = 0.
@@ -754,9 +743,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < 32; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
       } else {
-        // In the layout of PartialOffset: each of these stores of a warp
+        // In the layout of MlaPartialBlock: each of these stores of a warp
         // fills 256 consecutive bytes.
-        float* const dst = p.o_partial + PartialOffset(p.heads, slot, h, wg * 256) + 2 * q;
+        float* const dst = p.o_partial + MlaPartialBlock(p.heads, slot, h, wg * 256) + 2 * q;
 #pragma unroll
         for (int j = 0; j < 32; ++j)
           *reinterpret_cast<float2*>(dst + 8 * kPartialHeads * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
@@ -826,7 +815,7 @@ __global__ void __launch_bounds__(kMergeThreads, kUnroll <= 2 ? 3 : 1) MlaDecode
   float l = 0.0f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + (real ? h : 0)) * 2;
-  const float4* o = reinterpret_cast<const float4*>(p.o_partial + PartialOffset(p.heads, first, h, d)) +
+  const float4* o = reinterpret_cast<const float4*>(p.o_partial + MlaPartialBlock(p.heads, first, h, d)) +
                     (col & 1);
   const int64_t o_step = static_cast<int64_t>((p.heads + kPartialHeads - 1) / kPartialHeads) * kPartialHeads *
                          (kLatentDim / 4);

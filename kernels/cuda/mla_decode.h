@@ -101,9 +101,26 @@ struct MlaDecodePlan {
 MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
                             const MlaSplitPolicy& policy, bool sparse = false);
 
-// Workspace floats needed for o_partial (heads rounded up to groups of 8).
+// The split partials' layout (o_partial): by groups of kMlaPartialHeads
+// heads, each 64 blocks of 8 dims holding those dims of the group's heads in
+// turn, so that a warp's stores from the wgmma accumulators (8 heads x 8 dims)
+// and the merge's loads (8 heads x 64 dims) are contiguous. The float index of
+// dims d .. d + 7 (d a multiple of 8) of head h in split slot `slot`:
+inline constexpr int kMlaPartialHeads = 8;
+constexpr int64_t MlaPartialBlock(int heads, int slot, int h, int d) {
+  const int groups = (heads + kMlaPartialHeads - 1) / kMlaPartialHeads;
+  return ((static_cast<int64_t>(slot) * groups + h / kMlaPartialHeads) * (512 / 8) + d / 8) * (8 * kMlaPartialHeads) +
+         (h % kMlaPartialHeads) * 8;
+}
+// ... and of any dim d.
+constexpr int64_t MlaPartialIndex(int heads, int slot, int h, int d) {
+  return MlaPartialBlock(heads, slot, h, d - d % 8) + d % 8;
+}
+
+// Workspace floats needed for o_partial (heads rounded up to whole groups).
 inline int64_t MlaPartialFloats(int total_splits, int heads) {
-  return static_cast<int64_t>(total_splits) * ((heads + 7) / 8 * 8) * 512;
+  return static_cast<int64_t>(total_splits) * ((heads + kMlaPartialHeads - 1) / kMlaPartialHeads) *
+         kMlaPartialHeads * 512;
 }
 
 // Launches the split kernel and the merge. REQUIRES: params filled from a plan

@@ -382,5 +382,45 @@ TEST(MlaSplitPolicyTest, SplitsDependOnLengthOnly) {
   }
 }
 
+// The split partials' layout: every (split, head, dim) has a float of its own
+// inside MlaPartialFloats, a warp's stores of one dim block (8 heads x 8 dims,
+// lane 4r + q holding dims 2q, 2q + 1 of head r) are one run of 64 floats, and
+// so is what a merge group reads of a split (col: 4 dims of head (col / 2) % 8,
+// dims 8 (col / 16) + 4 (col % 2) of its block's eighth).
+TEST(MlaPartialLayoutTest, EveryFloatIsOwnedAndTheKernelsAccessesAreContiguous) {
+  constexpr int kSlots = 3;
+  for (int heads : {1, 16, 20, 128}) {
+    std::vector<int> owners(MlaPartialFloats(kSlots, heads), 0);
+    for (int slot = 0; slot < kSlots; ++slot)
+      for (int h = 0; h < heads; ++h)
+        for (int d = 0; d < kLatentDim; ++d) {
+          const int64_t i = MlaPartialIndex(heads, slot, h, d);
+          ASSERT_GE(i, 0);
+          ASSERT_LT(i, static_cast<int64_t>(owners.size())) << "heads " << heads;
+          ASSERT_EQ(++owners[i], 1) << "heads " << heads << " slot " << slot << " head " << h << " dim " << d;
+        }
+  }
+  const int heads = 128;
+  for (int h8 = 0; h8 < heads; h8 += kMlaPartialHeads)
+    for (int block = 0; block < kLatentDim / 8; ++block) {
+      std::vector<int64_t> idx;
+      for (int lane = 0; lane < 32; ++lane)
+        for (int c = 0; c < 2; ++c)
+          idx.push_back(MlaPartialIndex(heads, 1, h8 + lane / 4, block * 8 + 2 * (lane % 4) + c));
+      std::sort(idx.begin(), idx.end());
+      EXPECT_EQ(idx.back() - idx.front(), 63) << "store of heads " << h8 << " block " << block;
+    }
+  for (int hg = 0; hg < heads / kMlaPartialHeads; ++hg)
+    for (int part = 0; part < 8; ++part) {
+      const int64_t base = MlaPartialIndex(heads, 2, hg * kMlaPartialHeads, part * 64);
+      for (int col = 0; col < 128; ++col)
+        for (int e = 0; e < 4; ++e) {
+          const int h = hg * kMlaPartialHeads + (col / 2) % kMlaPartialHeads;
+          const int d = part * 64 + (col / 16) * 8 + (col % 2) * 4 + e;
+          EXPECT_EQ(MlaPartialIndex(heads, 2, h, d), base + 4 * col + e) << "merge read, col " << col;
+        }
+    }
+}
+
 }  // namespace
 }  // namespace strata::cuda
