@@ -105,7 +105,7 @@ MlaDecodePlan PlanMlaDecode(const int64_t* lengths, int batch, int heads,
 // heads, each 64 blocks of 8 dims holding those dims of the group's heads in
 // turn, so that a warp's stores from the wgmma accumulators (8 heads x 8 dims)
 // and the merge's loads (8 heads x 64 dims) are contiguous. The float index of
-// dims d .. d + 7 (d a multiple of 8) of head h in split slot `slot`:
+// the first of the 8 dims that hold dim d of head h in split slot `slot`:
 inline constexpr int kMlaPartialHeads = 8;
 constexpr int64_t MlaPartialBlock(int heads, int slot, int h, int d) {
   const int groups = (heads + kMlaPartialHeads - 1) / kMlaPartialHeads;
