@@ -117,8 +117,6 @@ static_assert(kKvStages == 2 && kKvStages * kPStageUnits * 16 == 128, "two stage
 static_assert(offsetof(Smem, kv) % 1024 == 0 && offsetof(Smem, pp) % 1024 == 0, "swizzled atoms");
 static_assert(kSmemBytes <= 227 * 1024, "fits one block per SM");
 
-constexpr int kPartialHeads = kMlaPartialHeads;  // the partials' head groups (mla_decode.h)
-
 // Work item `flat` of the plan in (head group, work item) order, with
 // stage_start = 0.
 __device__ __forceinline__ ItemInfo ReadItem(const MlaDecodeParams& p, int flat) {
@@ -748,7 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float* const dst = p.o_partial + MlaPartialBlock(p.heads, slot, h, wg * 256) + 2 * q;
 #pragma unroll
         for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * kPartialHeads * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+          *reinterpret_cast<float2*>(dst + 8 * kMlaPartialHeads * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
       }
       if (wg == 0 && q == 0) {
         if (single) {
@@ -763,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// One block per (request, group of kPartialHeads heads, eighth of the dims):
+// One block per (request, group of kMlaPartialHeads heads, eighth of the dims):
 // four groups of 128 threads, each thread 4 dims of one head. Group g
 // accumulates splits g, g + 4, ... in that order, kUnroll splits' loads in
 // flight per thread, then the groups are added in a fixed order, so the bits
@@ -774,14 +772,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kMergeGroups = 4;
 constexpr int kMergeThreads = kMergeGroups * kLatentDim / 4;
 // Blocks per head group: a group's 128 threads cover 8 heads x 64 dims.
-constexpr int kMergeDimParts = kPartialHeads * kLatentDim / 4 / (kMergeThreads / kMergeGroups);
-static_assert(kMergeThreads == 64 * kPartialHeads, "the max pass takes 64 threads per head");
+constexpr int kMergeDimParts = kMlaPartialHeads * kLatentDim / 4 / (kMergeThreads / kMergeGroups);
+static_assert(kMergeThreads == 64 * kMlaPartialHeads, "the max pass takes 64 threads per head");
 
 template <int kUnroll>
 __global__ void __launch_bounds__(kMergeThreads, kUnroll <= 2 ? 3 : 1) MlaDecodeMergeKernel(const MlaDecodeParams p) {
   __shared__ float s_red[kMergeThreads / 32];
   __shared__ float4 s_acc[kMergeGroups - 1][kMergeThreads / kMergeGroups];
-  __shared__ float s_l[kMergeGroups][kPartialHeads];
+  __shared__ float s_l[kMergeGroups][kMlaPartialHeads];
   // Every block waits, also those with nothing to merge: the kernels after
   // this one on the stream must find the split kernel finished.
   dev::GridDependencyWait();
@@ -790,15 +788,15 @@ __global__ void __launch_bounds__(kMergeThreads, kUnroll <= 2 ? 3 : 1) MlaDecode
   if (n <= 1) return;  // written by the split kernel
   const int tid = threadIdx.x, grp = tid / (kMergeThreads / kMergeGroups), col = tid % (kMergeThreads / kMergeGroups);
   // col reads float4 `col` of the block's 8 dim blocks: dims d .. d + 3 of head r.
-  const int r = (col >> 1) % kPartialHeads, h = hg * kPartialHeads + r;
-  const int d = part * (kLatentDim / kMergeDimParts) + (col / (2 * kPartialHeads)) * 8 + (col & 1) * 4;
+  const int r = (col >> 1) % kMlaPartialHeads, h = hg * kMlaPartialHeads + r;
+  const int d = part * (kLatentDim / kMergeDimParts) + (col / (2 * kMlaPartialHeads)) * 8 + (col & 1) * 4;
   const bool real = h < p.heads;
   const int64_t ml_step = static_cast<int64_t>(p.heads) * 2;
 
   // The largest running max over the splits of each head (fmaxf: exact,
   // order-free): 64 threads per head.
   {
-    const int rh = hg * kPartialHeads + tid / 64;
+    const int rh = hg * kMlaPartialHeads + tid / 64;
     float m = -INFINITY;
     if (rh < p.heads) {
       const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + rh) * 2;
@@ -817,8 +815,7 @@ __global__ void __launch_bounds__(kMergeThreads, kUnroll <= 2 ? 3 : 1) MlaDecode
   const float* ml = p.ml_partial + (static_cast<int64_t>(first) * p.heads + (real ? h : 0)) * 2;
   const float4* o = reinterpret_cast<const float4*>(p.o_partial + MlaPartialBlock(p.heads, first, h, d)) +
                     (col & 1);
-  const int64_t o_step = static_cast<int64_t>((p.heads + kPartialHeads - 1) / kPartialHeads) * kPartialHeads *
-                         (kLatentDim / 4);
+  const int64_t o_step = MlaPartialBlock(p.heads, 1, 0, 0) / 4;  // one split's partials, in float4
   for (int s0 = grp; s0 < n && real; s0 += kMergeGroups * kUnroll) {
     float wgt[kUnroll], ls[kUnroll];
     float4 v[kUnroll];
@@ -929,7 +926,7 @@ cudaError_t LaunchMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Few merge blocks (B = 1): each one's latency counts, so many loads in
   // flight; many blocks: occupancy counts.
-  const dim3 merge_grid(p.batch, (p.heads + kPartialHeads - 1) / kPartialHeads, kMergeDimParts);
+  const dim3 merge_grid(p.batch, (p.heads + kMlaPartialHeads - 1) / kMlaPartialHeads, kMergeDimParts);
   if (static_cast<int64_t>(p.batch) * p.heads <= 2 * sms)
     return dev::LaunchAfter(MlaDecodeMergeKernel<16>, merge_grid, dim3(kMergeThreads), stream, p);
   return dev::LaunchAfter(MlaDecodeMergeKernel<2>, merge_grid, dim3(kMergeThreads), stream, p);
