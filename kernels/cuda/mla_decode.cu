@@ -746,7 +746,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         float* const dst = p.o_partial + MlaPartialBlock(p.heads, slot, h, wg * 256) + 2 * q;
 #pragma unroll
         for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * kMlaPartialHeads * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+          *reinterpret_cast<float2*>(dst + 8 * kMlaPartialHeads * j) =
+              make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
       }
       if (wg == 0 && q == 0) {
         if (single) {
