@@ -3,6 +3,7 @@
 #include <random>
 #include <string>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 
 namespace strata::kv::crc32c {
@@ -36,7 +37,7 @@ uint32_t Bitwise(const std::string& s) {
 }
 
 TEST(Crc32c, MatchesBitwiseOnRandomDataAndSplits) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(strata::testing::TestSeed());
   for (int iter = 0; iter < 200; ++iter) {
     std::string s(rng() % 3000, '\0');
     for (char& c : s) c = static_cast<char>(rng());

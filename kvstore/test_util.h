@@ -2,7 +2,9 @@
 // records assembled by hand from the byte layout of docs/coli-kv.md (not
 // from RecordLayout, so that the layout code is checked against the spec).
 //
-// Not thread-safe (each test owns its generator).
+// Not thread-safe (each test owns its generator). Every generator starts from
+// strata::testing::TestSeed(): the seed is printed and STRATA_TEST_SEED
+// replays it.
 #ifndef STRATA_KVSTORE_TEST_UTIL_H_
 #define STRATA_KVSTORE_TEST_UTIL_H_
 
@@ -14,11 +16,12 @@
 #include <string_view>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kvstore/coli_kv.h"
 
 namespace strata::kv::testing {
 
-inline std::mt19937_64 FreshRng() { return std::mt19937_64(std::random_device{}()); }
+inline std::mt19937_64 FreshRng() { return std::mt19937_64(strata::testing::TestSeed()); }
 
 inline Dims RandomDims(std::mt19937_64& rng) {
   Dims d;

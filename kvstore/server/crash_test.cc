@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "kvstore/session_file.h"
 #include "kvstore/test_util.h"
@@ -117,7 +118,7 @@ struct Writer {
 };
 
 TEST_F(CrashTest, SigkillDuringTwoWriterStreams) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(strata::testing::TestSeed());
   const auto start = Clock::now();
   int64_t floor = 0;  // nrec may not go below this
   int64_t max_sent_both = 0;
