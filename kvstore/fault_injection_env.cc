@@ -385,13 +385,29 @@ void FaultInjectionEnv::DropSomeUnsyncedData(uint64_t seed) {
       }
     }
   }
-  // Contents: each unsynced change independently kept or lost, in order.
+  // Contents: each unsynced change, in order, lost, kept whole, or (a write
+  // only) torn: each of its sectors kept or lost on its own.
   std::set<Inode*> done;
   for (auto& [name, inode] : durable_) {
     if (!done.insert(inode.get()).second) continue;
     std::string s = inode->durable;
     for (const Inode::Change& c : inode->unsynced) {
-      if (rng() & 1) Inode::Apply(c, &s);
+      const uint64_t fate = rng() % 3;
+      if (fate == 0) continue;
+      if (fate == 1 || c.truncate) {
+        Inode::Apply(c, &s);
+        continue;
+      }
+      for (uint64_t at = c.offset; at < c.offset + c.data.size();) {
+        const uint64_t end = std::min<uint64_t>((at / kSectorBytes + 1) * kSectorBytes, c.offset + c.data.size());
+        if (rng() & 1) {
+          Inode::Change piece;
+          piece.offset = at;
+          piece.data = c.data.substr(at - c.offset, end - at);
+          Inode::Apply(piece, &s);
+        }
+        at = end;
+      }
     }
     inode->durable = s;
     inode->live = std::move(s);

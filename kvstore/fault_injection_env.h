@@ -22,8 +22,11 @@
 //   (c) DropUnsyncedData: power loss. Every file's contents go back to their
 //       durable state and every directory to its durable entries.
 //       DropSomeUnsyncedData is the harsher variant where each unsynced write
-//       or truncate independently may or may not have reached the disk, and
-//       a random prefix of each directory's unsynced entry changes did.
+//       or truncate independently may or may not have reached the disk, a
+//       write may also have reached it torn (each kSectorBytes-aligned
+//       sector of it on its own: a disk writes a sector atomically, nothing
+//       larger), and a random prefix of each directory's unsynced entry
+//       changes did.
 //   Both drops "reboot" the Env: the crash is cleared, the operation counter
 //   restarts at 0, and handles opened before fail from then on.
 //
@@ -51,6 +54,9 @@ namespace strata::kv {
 class FaultInjectionEnv final : public Env {
  public:
   enum class OpKind { kCreate, kWrite, kSync, kTruncate, kRename, kDelete, kSyncDir, kCreateDir };
+
+  // The unit a disk writes atomically, aligned to file offsets.
+  static constexpr uint64_t kSectorBytes = 512;
 
   // One injected failure rule.
   struct Fault {
