@@ -7,6 +7,8 @@
 // unaltered; nrec must not be below what was acknowledged nor above what was
 // written; the session must open (or, for an unacknowledged create or an
 // acknowledged delete, be absent).
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,12 @@ struct Outcome {
   int64_t written = 0;       // upper bound: positions both stages wrote
   bool truncate_in_flight = false;
   int64_t truncate_target = 0;
+  // The manifest's metadata value "k" and turn watermark: what the last
+  // acknowledged Update (or Truncate) left, and what one in flight may leave.
+  std::optional<std::string> acked_k;
+  std::optional<std::string> pending_k;
+  int64_t acked_watermark = 0;
+  std::optional<int64_t> pending_watermark;
 };
 
 // Parameterised by a repetition index only: every repetition draws fresh
@@ -114,19 +122,32 @@ class StorePowerLossTest : public ::testing::TestWithParam<int> {
           (*s)->CloseWriter(*wb);
           out.truncate_in_flight = true;
           out.truncate_target = st.arg;
+          out.pending_watermark = std::min(out.acked_watermark, st.arg);
           ok = (*s)->Truncate(st.arg).ok();
           if (ok) {
             out.truncate_in_flight = false;
             out.acked_nrec = st.arg;
             out.written = st.arg;
+            out.acked_watermark = *out.pending_watermark;
+            out.pending_watermark.reset();
           }
           break;
         case Step::kReopenWriters:
           ok = open();
           break;
-        case Step::kUpdate:
-          ok = (*s)->Update(std::min(st.arg, out.acked_nrec), {{"k", std::to_string(st.arg)}}, {}).ok();
+        case Step::kUpdate: {
+          const int64_t watermark = std::min(st.arg, out.acked_nrec);
+          out.pending_k = std::to_string(st.arg);
+          out.pending_watermark = watermark;
+          ok = (*s)->Update(watermark, {{"k", *out.pending_k}}, {}).ok();
+          if (ok) {
+            out.acked_k = out.pending_k;
+            out.acked_watermark = watermark;
+            out.pending_k.reset();
+            out.pending_watermark.reset();
+          }
           break;
+        }
         case Step::kDelete:
           (*s)->CloseWriter(*wa);
           (*s)->CloseWriter(*wb);
@@ -168,8 +189,24 @@ class StorePowerLossTest : public ::testing::TestWithParam<int> {
     std::string rows;
     ASSERT_TRUE((*s)->Read(0, n, 0, dims_.n_layers, &tokens, &rows).ok());
     std::string want;
-    for (int64_t p = 0; p < n; ++p) want += Slice(p, 0, dims_.n_layers);
+    for (int64_t p = 0; p < n; ++p) {
+      want += Slice(p, 0, dims_.n_layers);
+      ASSERT_EQ(tokens[static_cast<size_t>(p)], testing::I32(records_[static_cast<size_t>(p)], 0))
+          << "the token id of committed record " << p << " differs from what was written";
+    }
     EXPECT_TRUE(rows == want) << "committed rows differ from what was written";
+    // The manifest: the last acknowledged metadata and watermark, or the
+    // one in flight.
+    const Manifest m = (*s)->Info().manifest;
+    const auto k = m.metadata.find("k");
+    const std::optional<std::string> have_k =
+        k == m.metadata.end() ? std::nullopt : std::optional<std::string>(k->second);
+    EXPECT_TRUE(have_k == out.acked_k || (out.pending_k.has_value() && have_k == out.pending_k))
+        << "metadata k is " << have_k.value_or("(absent)") << ", acknowledged "
+        << out.acked_k.value_or("(absent)");
+    EXPECT_TRUE(m.turn_watermark == out.acked_watermark ||
+                (out.pending_watermark.has_value() && m.turn_watermark == *out.pending_watermark))
+        << "turn watermark " << m.turn_watermark << ", acknowledged " << out.acked_watermark;
     // The session stays writable after recovery.
     auto w = (*s)->OpenWriter(0, dims_.n_layers, std::nullopt, nullptr);
     EXPECT_TRUE(w.ok()) << w.status();
