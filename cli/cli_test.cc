@@ -231,9 +231,15 @@ TEST(CliKvTest, ImportVerifyInspectConvert) {
   }
   EXPECT_EQ(Strata("kv verify " + file).code, 1);  // no manifest yet
   EXPECT_EQ(Strata("kv import --model " + fix + " " + file).code, 1);  // other dimensions
+  const std::string with_digest = (dir / "s3.coli_kv").string();
+  fs::copy_file(file, with_digest);
   ASSERT_EQ(Strata("kv import --model " + demo + " " + file).code, 0);
+  ASSERT_EQ(Strata("kv import --full --model " + demo + " " + with_digest).code, 0);
+  EXPECT_EQ(Strata("kv verify --full --model " + demo + " " + with_digest).code, 0);
   EXPECT_EQ(Strata("kv import --model " + demo + " " + file).code, 1);  // already imported
   EXPECT_EQ(Strata("kv verify --model " + demo + " " + file).code, 0);
+  EXPECT_EQ(Strata("kv verify --model " + demo + " --full " + file).code, 1);  // no digest recorded
+  EXPECT_EQ(Strata("kv verify --full " + file).code, 2);                       // --full needs --model
   RunResult ins = Strata("kv inspect " + file);
   ASSERT_EQ(ins.code, 0);
   auto j = nlohmann::json::parse(ins.out);

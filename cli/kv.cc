@@ -20,11 +20,13 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   strata kv inspect FILE [--model DIR] [--tokens N]   print what the file holds, as JSON
-  strata kv verify FILE [--model DIR]                 exit 0 when the file and its manifest are sound
+  strata kv verify FILE [--model DIR [--full]]        exit 0 when the file and its manifest are sound
   strata kv convert --to v1|v2 IN OUT                 rewrite a session file in the other version
-  strata kv import --model DIR FILE                   take in a file without a manifest (written by
+  strata kv import --model DIR [--full] FILE          take in a file without a manifest (written by
                                                       colibri): check its dimensions, write the manifest
-With --model, the manifest's model fingerprint must match that model.
+With --model, the manifest's model fingerprint must match that model (a sample of every tensor).
+--full also hashes every byte of the model: verify compares that digest with the one the
+manifest records; import records it.
 )";
 
 int Fail(const std::string& sub, const absl::Status& s, int code = 1) {
@@ -63,6 +65,7 @@ int Kv(const std::vector<std::string>& args) {
   flags.Declare("model", "model directory (its fingerprint and dimensions)");
   flags.Declare("tokens", "inspect: how many leading token ids to print (default 16)");
   flags.Declare("to", "convert: target version, v1 or v2");
+  flags.Declare("full", "with --model: hash every byte of the model (the model digest)", true);
   if (auto st = flags.Parse(std::vector<std::string>(args.begin() + 1, args.end())); !st.ok()) {
     return Fail(sub, st, 2);
   }
@@ -70,9 +73,24 @@ int Kv(const std::vector<std::string>& args) {
   kv::Env* env = kv::Env::Default();
   kv::InspectOptions opt;
   if (flags.Has("model") && sub != "import") {
-    auto fp = ModelFingerprint(flags.Get("model"));
-    if (!fp.ok()) return Fail(sub, fp.status());
-    opt.expected_fingerprint = *fp;
+    auto ids = FingerprintModel(flags.Get("model"), std::nullopt);
+    if (!ids.ok()) return Fail(sub, ids.status());
+    opt.expected_fingerprint = kv::ModelIdentity(
+        ids->fingerprint, ids->legacy_fingerprint != 0 ? std::optional<uint64_t>(ids->legacy_fingerprint) : std::nullopt);
+  }
+  if (flags.Has("full") && !flags.Has("model")) {
+    return Fail(sub, absl::InvalidArgumentError("--full needs --model DIR"), 2);
+  }
+  std::optional<uint64_t> digest;
+  if (flags.Has("full")) {
+    FingerprintStats stats;
+    auto d = ModelDigest(flags.Get("model"), &stats);
+    if (!d.ok()) return Fail(sub, d.status());
+    std::fprintf(stderr, "strata kv %s: model digest %016llx (%lld tensors, %.1f MB read)\n", sub.c_str(),
+                 static_cast<unsigned long long>(*d), static_cast<long long>(stats.tensors),
+                 static_cast<double>(stats.bytes_read) / 1e6);
+    digest = *d;
+    opt.expected_model_digest = digest;
   }
   if (sub == "inspect" || sub == "verify") {
     if (pos.size() != 1) return Fail(sub, absl::InvalidArgumentError("needs exactly one FILE"), 2);
@@ -110,6 +128,7 @@ int Kv(const std::vector<std::string>& args) {
     io.dims = dims->first;
     io.indexer_layers = dims->second;
     io.fingerprint = *fp;
+    io.model_digest = digest;
     auto st = kv::ImportSession(env, pos[0], io);
     if (!st.ok()) return Fail(sub, st);
     std::printf("imported %s\n", pos[0].c_str());

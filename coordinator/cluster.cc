@@ -216,6 +216,7 @@ absl::Status Cluster::PlaceAndAssign() {
     req.set_kv_dtype(options_.kv_dtype == KvDtype::kF32 ? v1::KV_DTYPE_F32 : v1::KV_DTYPE_FP8);
     req.set_kvstore_address(options_.kvstore_address);
     req.set_model_fingerprint(options_.model_fingerprint);
+    req.set_model_legacy_fingerprint(options_.model_legacy_fingerprint);
     req.set_synthetic_weights(options_.synthetic_seed.has_value());
     req.set_synthetic_seed(options_.synthetic_seed.value_or(0));
     req.set_threads(options_.worker_threads);

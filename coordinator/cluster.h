@@ -48,7 +48,8 @@ struct ClusterOptions {
   std::string placement_override;  // e.g. "0-30:w0,31-60:w1"; empty: balanced
   KvDtype kv_dtype = KvDtype::kFp8;
   std::string kvstore_address;     // empty: no session persistence
-  uint64_t model_fingerprint = 0;  // sent to the workers for the KV store
+  uint64_t model_fingerprint = 0;         // sent to the workers for the KV store
+  uint64_t model_legacy_fingerprint = 0;  // version 1 (docs/coli-kv.md, "Model fingerprint")
   // Weights generated on the GPU workers from this seed (placement from
   // config.json alone): --synthetic-weights.
   std::optional<uint64_t> synthetic_seed;

@@ -9,9 +9,10 @@
 
 namespace strata::coordinator {
 
-KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint) {
+KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint, uint64_t legacy_fingerprint) {
   KvSessionShape s;
   s.fingerprint = fingerprint;
+  s.legacy_fingerprint = legacy_fingerprint;
   s.dims.set_n_layers(config.num_layers);
   s.dims.set_kv_lora(config.kv_lora_rank);
   s.dims.set_qk_rope(config.qk_rope_head_dim);
@@ -51,6 +52,7 @@ absl::StatusOr<v1::SessionInfo> KvSessionClient::Create(const std::string& id) {
   *req.mutable_dims() = shape_.dims;
   for (int32_t l : shape_.indexer_layers) req.add_indexer_layers(l);
   req.set_fingerprint(shape_.fingerprint);
+  if (shape_.model_digest.has_value()) req.set_model_digest(*shape_.model_digest);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::SessionInfo info;
@@ -150,6 +152,7 @@ absl::StatusOr<std::vector<int>> KvSessionClient::TokenIds(const std::string& id
   req.set_position_begin(begin);
   req.set_position_end(end);
   req.set_fingerprint(shape_.fingerprint);
+  req.set_legacy_fingerprint(shape_.legacy_fingerprint);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   auto reader = stub_->Load(&ctx, req);
@@ -165,11 +168,13 @@ absl::StatusOr<std::vector<int>> KvSessionClient::TokenIds(const std::string& id
 }
 
 absl::Status KvSessionClient::CheckCompatible(const v1::SessionInfo& info) const {
-  if (info.fingerprint() != shape_.fingerprint) {
+  // Sessions saved before fingerprint version 2 record the version-1 value.
+  const uint64_t ours = info.fingerprint_version() == 1 ? shape_.legacy_fingerprint : shape_.fingerprint;
+  if (info.fingerprint() != ours) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("session '%s' was stored with model fingerprint %016x; this cluster serves %016x (another "
-                        "checkpoint): use a cluster with that model or delete the session",
-                        info.session_id(), info.fingerprint(), shape_.fingerprint));
+        absl::StrFormat("session '%s' was stored with model fingerprint %016x (version %d); this cluster serves "
+                        "%016x (another checkpoint): use a cluster with that model or delete the session",
+                        info.session_id(), info.fingerprint(), info.fingerprint_version(), ours));
   }
   const v1::KvDims& a = info.dims();
   const v1::KvDims& b = shape_.dims;

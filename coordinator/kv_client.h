@@ -30,11 +30,13 @@ namespace strata::coordinator {
 struct KvSessionShape {
   v1::KvDims dims;
   std::vector<int32_t> indexer_layers;
-  uint64_t fingerprint = 0;
+  uint64_t fingerprint = 0;         // the current version
+  uint64_t legacy_fingerprint = 0;  // version 1, for sessions saved before version 2
+  std::optional<uint64_t> model_digest;  // recorded in new sessions when computed
 };
 
-// Dimensions and indexer slot map of `config` (DESIGN.md §4).
-KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint);
+// Dimensions and indexer slot map of `config` (docs/coli-kv.md, "Records").
+KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint, uint64_t legacy_fingerprint);
 
 class KvSessionClient {
  public:

@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   flags.Declare("down-after-ms", "a worker silent this long is down (default 3000)");
   flags.Declare("synthetic-weights", "generate the weights on the GPU workers from this seed instead of reading "
                                      "them (only config.json is read; benchmarks at real dimensions)");
+  flags.Declare("model-digest", "hash every byte of the checkpoint at startup and record the digest in new "
+                                "sessions, for strata kv verify --full (reads the whole checkpoint once)", true);
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
   if (flags.Has("help")) {
@@ -107,16 +109,30 @@ int main(int argc, char** argv) {
   co.synthetic_seed = synthetic_seed;
   std::unique_ptr<KvSessionClient> store;
   if (!co.kvstore_address.empty()) {
-    auto fingerprint = synthetic_seed ? strata::SyntheticModelFingerprint(co.model_dir, *synthetic_seed)
-                                      : strata::ModelFingerprint(co.model_dir);
-    if (!fingerprint.ok()) {
-      std::fprintf(stderr, "strata-coordinator: %s\n", std::string(fingerprint.status().message()).c_str());
+    auto ids = strata::FingerprintModel(co.model_dir, synthetic_seed);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "strata-coordinator: %s\n", std::string(ids.status().message()).c_str());
       return 1;
     }
-    co.model_fingerprint = *fingerprint;
-    store = std::make_unique<KvSessionClient>(co.kvstore_address, ShapeOf((*model)->config, *fingerprint));
-    std::fprintf(stderr, "strata-coordinator: sessions persist in the KV store at %s (model fingerprint %016llx)\n",
-                 co.kvstore_address.c_str(), static_cast<unsigned long long>(*fingerprint));
+    co.model_fingerprint = ids->fingerprint;
+    co.model_legacy_fingerprint = ids->legacy_fingerprint;
+    KvSessionShape shape = ShapeOf((*model)->config, ids->fingerprint, ids->legacy_fingerprint);
+    if (flags.Has("model-digest") && !synthetic_seed) {
+      strata::FingerprintStats stats;
+      auto digest = strata::ModelDigest(co.model_dir, &stats);
+      if (!digest.ok()) {
+        std::fprintf(stderr, "strata-coordinator: %s\n", std::string(digest.status().message()).c_str());
+        return 1;
+      }
+      shape.model_digest = *digest;
+      std::fprintf(stderr, "strata-coordinator: model digest %016llx (%.1f MB read)\n",
+                   static_cast<unsigned long long>(*digest), static_cast<double>(stats.bytes_read) / 1e6);
+    }
+    store = std::make_unique<KvSessionClient>(co.kvstore_address, std::move(shape));
+    std::fprintf(stderr,
+                 "strata-coordinator: sessions persist in the KV store at %s (model fingerprint %016llx, %s)\n",
+                 co.kvstore_address.c_str(), static_cast<unsigned long long>(ids->fingerprint),
+                 ids->what.c_str());
   }
   co.placement.max_sessions = *max_running;
   co.placement.max_context = *max_context > 0 ? *max_context : (*model)->config.max_position_embeddings;

@@ -30,7 +30,7 @@ void CheckManifest(const ColiKvReader& reader, const InspectOptions& options, In
     r->problems.push_back(absl::DataLossError("the manifest's dimensions differ from the header's"));
     consistent = false;
   }
-  const int64_t covered = static_cast<int64_t>(m.chunk_crc32c.size()) * m.chunk_records;
+  const int64_t covered = ChecksummedRecords(m);
   if (covered > reader.nrec()) {
     r->problems.push_back(absl::DataLossError(absl::StrCat(
         "the manifest checksums ", covered, " records but only ", reader.nrec(), " are committed")));
@@ -40,29 +40,32 @@ void CheckManifest(const ColiKvReader& reader, const InspectOptions& options, In
     r->problems.push_back(absl::DataLossError(absl::StrCat("the turn watermark ", m.turn_watermark,
                                                            " is beyond the committed records")));
   }
-  if (options.expected_fingerprint.has_value() && *options.expected_fingerprint != m.fingerprint) {
-    r->problems.push_back(absl::FailedPreconditionError(
-        absl::StrFormat("fingerprint %016x differs from the model's %016x", m.fingerprint,
-                        *options.expected_fingerprint)));
+  if (options.expected_fingerprint.has_value()) {
+    if (absl::Status s = CheckModelIdentity(m, *options.expected_fingerprint, "the session"); !s.ok()) {
+      r->problems.push_back(s);
+    }
+  }
+  if (options.expected_model_digest.has_value()) {
+    if (!m.model_digest.has_value()) {
+      r->problems.push_back(absl::FailedPreconditionError(
+          "the manifest records no model digest to compare (the session was created without "
+          "strata-coordinator --model-digest); its sampled fingerprint is all there is"));
+    } else if (*m.model_digest != *options.expected_model_digest) {
+      r->problems.push_back(absl::FailedPreconditionError(absl::StrFormat(
+          "model digest %016x differs from the model's %016x: another checkpoint (the bytes differ "
+          "somewhere)",
+          *m.model_digest, *options.expected_model_digest)));
+    }
   }
   if (!options.verify_checksums || !consistent) return;
-  absl::StatusOr<std::vector<uint32_t>> crcs = ComputeChunkCrcs(
-      reader, m.chunk_records, 0, static_cast<int64_t>(m.chunk_crc32c.size()));
-  if (!crcs.ok()) {
-    r->problems.push_back(crcs.status());
+  absl::StatusOr<std::vector<ChecksumMismatch>> bad = FindChecksumMismatches(reader, m);
+  if (!bad.ok()) {
+    r->problems.push_back(bad.status());
     return;
   }
-  r->checksums = "ok";
-  size_t reported = 0;
-  for (size_t k = 0; k < crcs->size(); ++k) {
-    if ((*crcs)[k] == m.chunk_crc32c[k]) continue;
-    r->checksums = "mismatch";
-    if (reported++ < kMaxChecksumProblems) {
-      r->problems.push_back(absl::DataLossError(
-          absl::StrFormat("checksum mismatch in chunk %d (records %d to %d)", k,
-                          static_cast<int64_t>(k) * m.chunk_records,
-                          static_cast<int64_t>(k + 1) * m.chunk_records - 1)));
-    }
+  r->checksums = bad->empty() ? "ok" : "mismatch";
+  for (size_t k = 0; k < bad->size() && k < kMaxChecksumProblems; ++k) {
+    r->problems.push_back(absl::DataLossError(absl::StrCat("checksum mismatch in ", DescribeRange((*bad)[k]))));
   }
 }
 
@@ -165,8 +168,10 @@ std::string InspectReport::ToJson() const {
     man["fingerprint"] = absl::StrFormat("%016x", manifest->fingerprint);
     man["indexer_layers"] = manifest->indexer_layers;
     man["chunk_records"] = manifest->chunk_records;
-    man["checksummed_records"] =
-        static_cast<int64_t>(manifest->chunk_crc32c.size()) * manifest->chunk_records;
+    man["fingerprint_version"] = manifest->fingerprint_version;
+    man["model_digest"] =
+        manifest->model_digest.has_value() ? absl::StrFormat("%016x", *manifest->model_digest) : std::string();
+    man["checksummed_records"] = ChecksummedRecords(*manifest);
     man["turn_watermark"] = manifest->turn_watermark;
     Json meta = Json::object();
     for (const auto& [k, v] : manifest->metadata) meta[k] = v;
@@ -221,9 +226,8 @@ absl::Status ConvertSessionFile(Env* env, const std::string& in, const std::stri
   RETURN_IF_ERROR(ConvertFile(env, in, out, to));
   if (!manifest.has_value()) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::unique_ptr<ColiKvReader> reader, ColiKvReader::Open(env, out));
-  ASSIGN_OR_RETURN(manifest->chunk_crc32c,
-                   ComputeChunkCrcs(*reader, manifest->chunk_records, 0,
-                                    reader->nrec() / manifest->chunk_records));
+  manifest->chunk_crc32c.clear();
+  RETURN_IF_ERROR(CoverCommittedRecords(*reader, &*manifest));
   return WriteManifest(env, ManifestPath(out), *manifest);
 }
 

@@ -28,7 +28,10 @@ struct InspectOptions {
   // Recompute the manifest's chunk checksums.
   bool verify_checksums = true;
   // When set, a manifest fingerprint that differs is a problem.
-  std::optional<uint64_t> expected_fingerprint;
+  std::optional<ModelIdentity> expected_fingerprint;
+  // When set (`strata kv verify --full`), the manifest must record this model
+  // digest; a manifest without one is a problem too (FAILED_PRECONDITION).
+  std::optional<uint64_t> expected_model_digest;
 };
 
 // What Inspect found. `problems` is empty for a healthy session file; each

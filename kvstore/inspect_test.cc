@@ -1,5 +1,6 @@
 #include "kvstore/inspect.h"
 
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -34,10 +35,11 @@ class InspectTest : public ::testing::Test {
     ASSERT_TRUE((*f)->Write(0, bytes).ok());
   }
 
-  void Import() {
+  void Import(std::optional<uint64_t> digest = std::nullopt) {
     ImportOptions o;
     o.dims = dims_;
     o.fingerprint = fingerprint_;
+    o.model_digest = digest;
     o.chunk_records = 4;
     o.metadata["who"] = "test";
     ASSERT_TRUE(ImportSession(&env_, path_, o).ok());
@@ -82,12 +84,33 @@ TEST_F(InspectTest, HealthySession) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(j["first_tokens"][i], rows_[i].token);
   EXPECT_EQ(j["manifest"]["present"], true);
   EXPECT_EQ(j["manifest"]["fingerprint"], absl::StrFormat("%016x", fingerprint_));
-  EXPECT_EQ(j["manifest"]["checksummed_records"], 8);
+  EXPECT_EQ(j["manifest"]["checksummed_records"], 10);  // two chunks of 4 and a tail of 2
+  EXPECT_EQ(j["manifest"]["fingerprint_version"], 2);
   EXPECT_EQ(j["manifest"]["checksums"], "ok");
   EXPECT_EQ(j["manifest"]["metadata"]["who"], "test");
   EXPECT_EQ(j["sanitize"]["nan_codes"], 0);
   EXPECT_EQ(j["ok"], true);
   EXPECT_TRUE(j["problems"].empty());
+  EXPECT_TRUE(VerifyFile(&env_, path_, o).ok());
+}
+
+// verify --full: the model digest the manifest records must be the model's;
+// a manifest without one cannot be verified that way.
+TEST_F(InspectTest, ModelDigest) {
+  Import();
+  InspectOptions o;
+  o.expected_model_digest = 0xabcdef;
+  EXPECT_EQ(VerifyFile(&env_, path_, o).code(), absl::StatusCode::kFailedPrecondition);  // none recorded
+  EXPECT_EQ(Report()["manifest"]["model_digest"], "");
+  ASSERT_TRUE(env_.Delete(ManifestPath(path_)).ok());
+  Import(0xabcdef);
+  EXPECT_EQ(Report()["manifest"]["model_digest"], "0000000000abcdef");
+  EXPECT_TRUE(VerifyFile(&env_, path_, o).ok());
+  o.expected_model_digest = 0xabcdee;
+  const absl::Status other = VerifyFile(&env_, path_, o);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.message().find("0000000000abcdee"), absl::string_view::npos) << other;
+  o.expected_model_digest.reset();
   EXPECT_TRUE(VerifyFile(&env_, path_, o).ok());
 }
 
@@ -100,7 +123,8 @@ TEST_F(InspectTest, ProblemsAndTheirCodes) {
   InspectOptions o;
   o.expected_fingerprint = fingerprint_ + 1;
   EXPECT_EQ(VerifyFile(&env_, path_, o).code(), absl::StatusCode::kFailedPrecondition);
-  // A NaN code in record 9 (outside the checksummed chunks): sanitised on load.
+  // A NaN code in record 9 (after the complete chunks): sanitised on load,
+  // and the tail's checksum no longer matches.
   {
     auto f = env_.Open(path_, OpenMode::kReadWrite);
     const int64_t off = 40 + 9 * testing::SpecV2RecordBytes(dims_) + 4;  // layer 0 latent[0]
@@ -109,7 +133,13 @@ TEST_F(InspectTest, ProblemsAndTheirCodes) {
   Json j = Report();
   EXPECT_EQ(j["sanitize"]["nan_codes"], 1);
   EXPECT_EQ(FirstCode(j), "DATA_LOSS");
-  EXPECT_EQ(j["manifest"]["checksums"], "ok");
+  EXPECT_EQ(j["manifest"]["checksums"], "mismatch");
+  bool tail_named = false;
+  for (const Json& p : j["problems"]) {
+    tail_named = tail_named || p["message"].get<std::string>().find("after the last complete chunk (records 8 to 9)") !=
+                                   std::string::npos;
+  }
+  EXPECT_TRUE(tail_named) << j.dump();
   // A changed byte inside chunk 1.
   {
     auto f = env_.Open(path_, OpenMode::kReadWrite);

@@ -104,6 +104,24 @@ absl::StatusOr<int64_t> GetInt(const Json& obj, const char* key, int64_t lo, int
   return v;
 }
 
+// 16 lowercase hex digits.
+absl::StatusOr<uint64_t> ParseHex64(const std::string& s, absl::string_view key) {
+  if (s.size() != 16) return Corrupt(absl::StrCat("\"", key, "\" must be 16 lowercase hex digits"));
+  uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    } else {
+      return Corrupt(absl::StrCat("\"", key, "\" must be 16 lowercase hex digits"));
+    }
+    v = v << 4 | static_cast<uint64_t>(d);
+  }
+  return v;
+}
+
 absl::Status CheckKeys(const Json& obj, std::initializer_list<std::string_view> keys,
                        absl::string_view what) {
   if (!obj.is_object()) return Corrupt(absl::StrCat(what, " is not an object"));
@@ -140,6 +158,14 @@ absl::Status ValidateManifest(const Manifest& m) {
   if (static_cast<int64_t>(m.chunk_crc32c.size()) > kMaxRecords / m.chunk_records) {
     return bad("more checksummed chunks than a file can hold");
   }
+  if (m.tail_records < 0 || m.tail_records >= m.chunk_records) {
+    return bad(absl::StrCat("tail_records must be in [0, chunk_records = ", m.chunk_records, ")"));
+  }
+  if (m.tail_records == 0 && m.tail_crc32c != 0) return bad("tail_crc32c without tail records");
+  if (ChunkedRecords(m) + m.tail_records > kMaxRecords) return bad("checksums cover more than 2^31 records");
+  if (m.fingerprint_version < 1 || m.fingerprint_version > Manifest::kCurrentFingerprintVersion) {
+    return bad(absl::StrCat("fingerprint_version must be in [1, ", Manifest::kCurrentFingerprintVersion, "]"));
+  }
   if (m.turn_watermark < 0 || m.turn_watermark > kMaxRecords) {
     return bad("turn_watermark out of range");
   }
@@ -171,10 +197,14 @@ std::string SerializeManifest(const Manifest& m) {
   j["format"] = std::string(kFormatName);
   j["version"] = Manifest::kFormatVersion;
   j["fingerprint"] = absl::StrFormat("%016x", m.fingerprint);
+  j["fingerprint_version"] = m.fingerprint_version;
+  j["model_digest"] = m.model_digest.has_value() ? absl::StrFormat("%016x", *m.model_digest) : std::string();
   j["dims"] = std::move(dims);
   j["indexer_layers"] = m.indexer_layers;
   j["chunk_records"] = m.chunk_records;
   j["chunk_crc32c"] = m.chunk_crc32c;
+  j["tail_records"] = m.tail_records;
+  j["tail_crc32c"] = m.tail_crc32c;
   j["turn_watermark"] = m.turn_watermark;
   Json meta = Json::object();
   for (const auto& [k, v] : m.metadata) meta[k] = v;
@@ -254,26 +284,35 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view bytes) {
                                                       " is newer than this build supports (",
                                                       Manifest::kFormatVersion, ")"));
   }
-  RETURN_IF_ERROR(CheckKeys(j,
-                            {"format", "version", "fingerprint", "dims", "indexer_layers",
-                             "chunk_records", "chunk_crc32c", "turn_watermark", "metadata"},
-                            "the manifest"));
+  if (version == 1) {
+    RETURN_IF_ERROR(CheckKeys(j,
+                              {"format", "version", "fingerprint", "dims", "indexer_layers",
+                               "chunk_records", "chunk_crc32c", "turn_watermark", "metadata"},
+                              "the manifest"));
+  } else {
+    RETURN_IF_ERROR(CheckKeys(j,
+                              {"format", "version", "fingerprint", "fingerprint_version", "model_digest",
+                               "dims", "indexer_layers", "chunk_records", "chunk_crc32c", "tail_records",
+                               "tail_crc32c", "turn_watermark", "metadata"},
+                              "the manifest"));
+  }
   Manifest m;
-  const Json& fp = j["fingerprint"];
-  if (!fp.is_string() || fp.get_ref<const std::string&>().size() != 16) {
-    return Corrupt("\"fingerprint\" must be 16 lowercase hex digits");
-  }
-  for (char c : fp.get_ref<const std::string&>()) {
-    int d;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    } else {
-      return Corrupt("\"fingerprint\" must be 16 lowercase hex digits");
+  m.fingerprint_version = 1;
+  if (version >= 2) {
+    ASSIGN_OR_RETURN(m.fingerprint_version,
+                     GetInt(j, "fingerprint_version", 1, Manifest::kCurrentFingerprintVersion));
+    ASSIGN_OR_RETURN(m.tail_records, GetInt(j, "tail_records", 0, kMaxChunkRecords - 1));
+    ASSIGN_OR_RETURN(int64_t tail_crc, GetInt(j, "tail_crc32c", 0, 0xFFFFFFFFll));
+    m.tail_crc32c = static_cast<uint32_t>(tail_crc);
+    const Json& digest = j["model_digest"];
+    if (!digest.is_string()) return Corrupt("\"model_digest\" must be a string");
+    if (!digest.get_ref<const std::string&>().empty()) {
+      ASSIGN_OR_RETURN(m.model_digest, ParseHex64(digest.get_ref<const std::string&>(), "model_digest"));
     }
-    m.fingerprint = m.fingerprint << 4 | static_cast<uint64_t>(d);
   }
+  const Json& fp = j["fingerprint"];
+  if (!fp.is_string()) return Corrupt("\"fingerprint\" must be 16 lowercase hex digits");
+  ASSIGN_OR_RETURN(m.fingerprint, ParseHex64(fp.get_ref<const std::string&>(), "fingerprint"));
   const Json& dims = j["dims"];
   RETURN_IF_ERROR(
       CheckKeys(dims, {"n_layers", "kv_lora", "qk_rope", "index_hd", "nic", "vocab"}, "\"dims\""));
@@ -355,6 +394,90 @@ absl::StatusOr<std::vector<uint32_t>> ComputeChunkCrcs(const ColiKvReader& reade
     out.push_back(crc32c::Value(buf));
   }
   return out;
+}
+
+absl::Status CheckModelIdentity(const Manifest& m, const ModelIdentity& model, std::string_view what) {
+  std::optional<uint64_t> want = model.fingerprint;
+  if (m.fingerprint_version != Manifest::kCurrentFingerprintVersion) want = model.legacy_fingerprint;
+  if (!want.has_value()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s records a version-%d model fingerprint (%016x) and the caller has no fingerprint of that "
+        "version to compare it with",
+        what, m.fingerprint_version, m.fingerprint));
+  }
+  if (*want == m.fingerprint) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s was computed with another model checkpoint (fingerprint %016x, the loaded model has %016x); "
+      "refusing to mix KV rows of different models",
+      what, m.fingerprint, *want));
+}
+
+int64_t ChunkedRecords(const Manifest& m) {
+  return static_cast<int64_t>(m.chunk_crc32c.size()) * m.chunk_records;
+}
+
+int64_t ChecksummedRecords(const Manifest& m) { return ChunkedRecords(m) + m.tail_records; }
+
+absl::Status CoverRecords(int64_t nrec, ReadV2Records read, Manifest* m) {
+  const int64_t have = static_cast<int64_t>(m->chunk_crc32c.size());
+  const int64_t want = nrec / m->chunk_records;
+  if (want < have) {
+    return absl::OutOfRangeError(absl::StrCat("the manifest checksums ", ChunkedRecords(*m),
+                                              " records, only ", nrec, " are committed"));
+  }
+  std::string buf;
+  for (int64_t k = have; k < want; ++k) {
+    RETURN_IF_ERROR(read(k * m->chunk_records, m->chunk_records, &buf));
+    m->chunk_crc32c.push_back(crc32c::Value(buf));
+  }
+  m->tail_records = static_cast<int32_t>(nrec - ChunkedRecords(*m));
+  m->tail_crc32c = 0;
+  if (m->tail_records > 0) {
+    RETURN_IF_ERROR(read(ChunkedRecords(*m), m->tail_records, &buf));
+    m->tail_crc32c = crc32c::Value(buf);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoverCommittedRecords(const ColiKvReader& reader, Manifest* m) {
+  return CoverRecords(
+      reader.nrec(),
+      [&](int64_t first, int64_t count, std::string* out) {
+        return reader.ReadRecords(first, count, RecordFormat::kV2, out);
+      },
+      m);
+}
+
+absl::StatusOr<std::vector<ChecksumMismatch>> FindChecksumMismatches(const ColiKvReader& reader,
+                                                                     const Manifest& m) {
+  if (ChecksummedRecords(m) > reader.nrec()) {
+    return absl::OutOfRangeError(absl::StrCat("the manifest checksums ", ChecksummedRecords(m),
+                                              " records, the file commits ", reader.nrec()));
+  }
+  const int64_t chunks = static_cast<int64_t>(m.chunk_crc32c.size());
+  ASSIGN_OR_RETURN(std::vector<uint32_t> crcs, ComputeChunkCrcs(reader, m.chunk_records, 0, chunks));
+  std::vector<ChecksumMismatch> out;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const uint32_t stored = m.chunk_crc32c[static_cast<size_t>(k)];
+    if (crcs[static_cast<size_t>(k)] == stored) continue;
+    out.push_back(ChecksumMismatch{k * m.chunk_records, m.chunk_records, k, stored,
+                                   crcs[static_cast<size_t>(k)]});
+  }
+  if (m.tail_records > 0) {
+    std::string buf;
+    RETURN_IF_ERROR(reader.ReadRecords(ChunkedRecords(m), m.tail_records, RecordFormat::kV2, &buf));
+    const uint32_t got = crc32c::Value(buf);
+    if (got != m.tail_crc32c) {
+      out.push_back(ChecksumMismatch{ChunkedRecords(m), m.tail_records, -1, m.tail_crc32c, got});
+    }
+  }
+  return out;
+}
+
+std::string DescribeRange(const ChecksumMismatch& m) {
+  const std::string records = absl::StrCat("records ", m.first, " to ", m.first + m.count - 1);
+  if (m.chunk < 0) return absl::StrCat("the records after the last complete chunk (", records, ")");
+  return absl::StrCat("chunk ", m.chunk, " (", records, ")");
 }
 
 absl::StatusOr<std::vector<int32_t>> DefaultIndexerLayers(const Dims& dims) {

@@ -31,6 +31,10 @@ Manifest RandomManifest(std::mt19937_64& rng) {
   m.chunk_records = 1 + static_cast<int32_t>(rng() % 100);
   m.chunk_crc32c.resize(rng() % 20);
   for (uint32_t& c : m.chunk_crc32c) c = static_cast<uint32_t>(rng());
+  m.tail_records = static_cast<int32_t>(rng() % static_cast<uint64_t>(m.chunk_records));
+  m.tail_crc32c = m.tail_records > 0 ? static_cast<uint32_t>(rng()) : 0;
+  m.fingerprint_version = 1 + static_cast<int32_t>(rng() % 2);
+  if (rng() % 2) m.model_digest = rng();
   m.turn_watermark = static_cast<int64_t>(rng() % 5000);
   const int n = static_cast<int>(rng() % 4);
   for (int i = 0; i < n; ++i) {
@@ -46,10 +50,19 @@ std::string WithTrailer(const std::string& json) {
   return body + absl::StrFormat("crc32c %08x\n", BitwiseCrc32c(body));
 }
 
+// A version 1 manifest, as every build before version 2 wrote them.
 const char* kHandWritten =
     R"({"format":"strata.coli_kv.manifest","version":1,"fingerprint":"00000000deadbeef",)"
     R"("dims":{"n_layers":4,"kv_lora":8,"qk_rope":2,"index_hd":4,"nic":2,"vocab":100},)"
     R"("indexer_layers":[1,3],"chunk_records":64,"chunk_crc32c":[1,4294967295],)"
+    R"("turn_watermark":128,"metadata":{"user":"ada"}})";
+
+const char* kHandWrittenV2 =
+    R"({"format":"strata.coli_kv.manifest","version":2,"fingerprint":"00000000deadbeef",)"
+    R"("fingerprint_version":2,"model_digest":"0123456789abcdef",)"
+    R"("dims":{"n_layers":4,"kv_lora":8,"qk_rope":2,"index_hd":4,"nic":2,"vocab":100},)"
+    R"("indexer_layers":[1,3],"chunk_records":64,"chunk_crc32c":[1,4294967295],)"
+    R"("tail_records":5,"tail_crc32c":3735928559,)"
     R"("turn_watermark":128,"metadata":{"user":"ada"}})";
 
 TEST(Manifest, RoundTripRandom) {
@@ -76,8 +89,11 @@ TEST(Manifest, SerialisedLayout) {
   EXPECT_EQ(body.find('\n'), body.size() - 1);  // one line of JSON
   const nlohmann::json j = nlohmann::json::parse(body);
   EXPECT_EQ(j["format"], "strata.coli_kv.manifest");
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], 2);
   EXPECT_EQ(j["fingerprint"], absl::StrFormat("%016x", m.fingerprint));
+  EXPECT_EQ(j["fingerprint_version"], m.fingerprint_version);
+  EXPECT_EQ(j["tail_records"], m.tail_records);
+  EXPECT_EQ(j["tail_crc32c"], m.tail_crc32c);
   EXPECT_EQ(j["dims"]["kv_lora"], m.dims.kv_lora);
   EXPECT_EQ(j["chunk_crc32c"].size(), m.chunk_crc32c.size());
   EXPECT_EQ(j["turn_watermark"], m.turn_watermark);
@@ -93,6 +109,25 @@ TEST(Manifest, HandWrittenParses) {
   EXPECT_EQ(m->chunk_crc32c, (std::vector<uint32_t>{1, 4294967295u}));
   EXPECT_EQ(m->turn_watermark, 128);
   EXPECT_EQ(m->metadata.at("user"), "ada");
+  EXPECT_EQ(m->fingerprint_version, 1);  // version 1: the first fingerprint algorithm
+  EXPECT_EQ(m->tail_records, 0);         // and no tail checksum
+  EXPECT_EQ(m->tail_crc32c, 0u);
+  EXPECT_FALSE(m->model_digest.has_value());
+}
+
+TEST(Manifest, HandWrittenVersion2Parses) {
+  auto m = ParseManifest(WithTrailer(kHandWrittenV2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->fingerprint, 0xdeadbeefu);
+  EXPECT_EQ(m->fingerprint_version, 2);
+  EXPECT_EQ(m->model_digest, 0x0123456789abcdefull);
+  EXPECT_EQ(m->chunk_crc32c, (std::vector<uint32_t>{1, 4294967295u}));
+  EXPECT_EQ(m->tail_records, 5);
+  EXPECT_EQ(m->tail_crc32c, 0xdeadbeefu);
+  EXPECT_EQ(ChunkedRecords(*m), 128);
+  EXPECT_EQ(ChecksummedRecords(*m), 133);
+  // Written back, it is the same manifest.
+  EXPECT_EQ(*ParseManifest(SerializeManifest(*m)), *m);
 }
 
 TEST(Manifest, EveryFlippedByteIsDetected) {
@@ -119,7 +154,10 @@ TEST(Manifest, StrictValidation) {
   };
   const auto kLoss = absl::StatusCode::kDataLoss;
   EXPECT_EQ(code(kHandWritten), absl::StatusCode::kOk);
-  EXPECT_EQ(code(edit("\"version\":1", "\"version\":2")), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code(edit("\"version\":1", "\"version\":3")), absl::StatusCode::kFailedPrecondition);
+  // Version 2 needs its keys; version 1 may not have them.
+  EXPECT_EQ(code(edit("\"version\":1", "\"version\":2")), kLoss);
+  EXPECT_EQ(code(edit("\"turn_watermark\"", "\"tail_records\":0,\"turn_watermark\"")), kLoss);
   EXPECT_EQ(code(edit("\"version\":1", "\"version\":0")), kLoss);
   EXPECT_EQ(code(edit("strata.coli_kv.manifest", "other")), kLoss);
   EXPECT_EQ(code(edit("\"turn_watermark\"", "\"extra\":1,\"turn_watermark\"")), kLoss);
@@ -147,6 +185,27 @@ TEST(Manifest, StrictValidation) {
   EXPECT_EQ(code("[]"), kLoss);
   EXPECT_EQ(code("not json"), kLoss);
   EXPECT_EQ(code(std::string(kHandWritten) + " {}"), kLoss);
+
+  auto edit2 = [](std::string from, std::string to) {
+    std::string s = kHandWrittenV2;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  EXPECT_EQ(code(kHandWrittenV2), absl::StatusCode::kOk);
+  EXPECT_EQ(code(edit2("\"tail_records\":5", "\"tail_records\":64")), kLoss);  // a whole chunk
+  EXPECT_EQ(code(edit2("\"tail_records\":5", "\"tail_records\":-1")), kLoss);
+  EXPECT_EQ(code(edit2("\"tail_records\":5", "\"tail_records\":0")), kLoss);  // crc without records
+  EXPECT_EQ(code(edit2("3735928559", "4294967296")), kLoss);
+  EXPECT_EQ(code(edit2("\"fingerprint_version\":2", "\"fingerprint_version\":3")), kLoss);
+  EXPECT_EQ(code(edit2("\"fingerprint_version\":2", "\"fingerprint_version\":0")), kLoss);
+  EXPECT_EQ(code(edit2("\"fingerprint_version\":2,", "")), kLoss);
+  EXPECT_EQ(code(edit2("\"tail_crc32c\":3735928559,", "")), kLoss);
+  EXPECT_EQ(code(edit2("\"0123456789abcdef\"", "\"\"")), absl::StatusCode::kOk);  // no digest
+  EXPECT_EQ(code(edit2("\"0123456789abcdef\"", "\"0123456789ABCDEF\"")), kLoss);
+  EXPECT_EQ(code(edit2("\"0123456789abcdef\"", "\"0123\"")), kLoss);
+  EXPECT_EQ(code(edit2("\"0123456789abcdef\"", "81985529216486895")), kLoss);
+  EXPECT_EQ(code(edit2("\"model_digest\":\"0123456789abcdef\",", "")), kLoss);
 }
 
 TEST(Manifest, ValidateRejectsBadValues) {
@@ -172,6 +231,11 @@ TEST(Manifest, ValidateRejectsBadValues) {
   EXPECT_EQ(code_with([](Manifest& x) { x.turn_watermark = -1; }), kBad);
   EXPECT_EQ(code_with([](Manifest& x) { x.indexer_layers.push_back(0); }), kBad);
   EXPECT_EQ(code_with([](Manifest& x) { x.dims.kv_lora = 0; }), kBad);
+  EXPECT_EQ(code_with([](Manifest& x) { x.tail_records = x.chunk_records; }), kBad);
+  EXPECT_EQ(code_with([](Manifest& x) { x.tail_records = -1; }), kBad);
+  EXPECT_EQ(code_with([](Manifest& x) { x.tail_records = 0, x.tail_crc32c = 7; }), kBad);
+  EXPECT_EQ(code_with([](Manifest& x) { x.fingerprint_version = 0; }), kBad);
+  EXPECT_EQ(code_with([](Manifest& x) { x.fingerprint_version = 3; }), kBad);
   EXPECT_EQ(code_with([](Manifest& x) { x.metadata["ok"] = "\xe2\x82\xac \xf0\x9f\x98\x80"; }),
             absl::StatusCode::kOk);  // € and an emoji
   FaultInjectionEnv env;
@@ -203,7 +267,7 @@ class SessionFileTest : public ::testing::Test {
     dims_.nic = dims_.index_hd > 0 ? dims_.n_layers : 0;
     auto w = ColiKvWriter::Create(&env_, path_, Version::kV2, dims_);
     ASSERT_TRUE(w.ok());
-    n_ = 3 * 4 + static_cast<int>(rng_() % 4);  // three chunks of 4 and a partial one
+    n_ = 3 * 4 + 1 + static_cast<int>(rng_() % 2);  // three chunks of 4 and a tail of 1 or 2
     for (int p = 0; p < n_; ++p) records_ += testing::SpecV2Record(dims_, testing::RandomV2Rows(rng_, dims_));
     ASSERT_TRUE((*w)->Append(records_).ok());
   }
@@ -238,8 +302,11 @@ TEST_F(SessionFileTest, ImportWritesChecksumsAndOpenChecksThem) {
   for (int k = 0; k < 3; ++k) {
     EXPECT_EQ(m->chunk_crc32c[k], BitwiseCrc32c(std::string_view(records_).substr(k * 4 * rb, 4 * rb)));
   }
+  EXPECT_EQ(m->tail_records, n_ - 12);
+  EXPECT_EQ(m->tail_crc32c, BitwiseCrc32c(std::string_view(records_).substr(12 * rb)));
   EXPECT_EQ(m->turn_watermark, n_);
   EXPECT_EQ(m->fingerprint, fingerprint_);
+  EXPECT_EQ(m->fingerprint_version, Manifest::kCurrentFingerprintVersion);
   auto s = OpenCheckedSession(&env_, path_, check);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->reader->nrec(), n_);
@@ -273,6 +340,26 @@ TEST_F(SessionFileTest, ImportWritesChecksumsAndOpenChecksThem) {
   EXPECT_TRUE(OpenCheckedSession(&env_, path_, check).ok());
 }
 
+// Records after the last complete chunk are checksummed too: a session
+// shorter than one chunk is not left without coverage.
+TEST_F(SessionFileTest, TailRecordsAreChecksummed) {
+  ASSERT_TRUE(ImportSession(&env_, path_, Options()).ok());
+  const int64_t rb = testing::SpecV2RecordBytes(dims_);
+  const int64_t victim = 12 * rb + static_cast<int64_t>(rng_() % ((n_ - 12) * rb));
+  {
+    auto f = env_.Open(path_, OpenMode::kReadWrite);
+    char c;
+    ASSERT_TRUE((*f)->Read(40 + victim, 1, &c).ok());
+    c ^= 0x01;
+    ASSERT_TRUE((*f)->Write(40 + victim, std::string_view(&c, 1)).ok());
+  }
+  auto bad = OpenCheckedSession(&env_, path_, {});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("after the last complete chunk (records 12 to"),
+            absl::string_view::npos)
+      << bad.status();
+}
+
 TEST_F(SessionFileTest, InconsistentManifestsAreDataLoss) {
   ASSERT_TRUE(ImportSession(&env_, path_, Options()).ok());
   const Manifest good = *ReadManifest(&env_, ManifestPath(path_));
@@ -287,6 +374,8 @@ TEST_F(SessionFileTest, InconsistentManifestsAreDataLoss) {
   EXPECT_EQ(code_with([&](Manifest& m) { m.turn_watermark = n_ + 1; }), absl::StatusCode::kDataLoss);
   EXPECT_EQ(code_with([](Manifest& m) { m.chunk_crc32c.push_back(0); m.chunk_crc32c.push_back(0); }),
             absl::StatusCode::kDataLoss);
+  // A tail reaching past the committed records (n_ is 13 or 14).
+  EXPECT_EQ(code_with([](Manifest& m) { m.tail_records = 3, m.tail_crc32c = 1; }), absl::StatusCode::kDataLoss);
   auto f = env_.Open(ManifestPath(path_), OpenMode::kReadWrite);
   ASSERT_TRUE((*f)->Write(3, "#").ok());
   EXPECT_EQ(OpenCheckedSession(&env_, path_, {}).status().code(), absl::StatusCode::kDataLoss);

@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(Env* env, const std::st
   RETURN_IF_ERROR(ValidateDims(spec.dims));
   Manifest m;
   m.fingerprint = spec.fingerprint;
+  m.model_digest = spec.model_digest;
   m.dims = spec.dims;
   if (spec.indexer_layers.empty()) {
     ASSIGN_OR_RETURN(m.indexer_layers, DefaultIndexerLayers(spec.dims));
@@ -84,11 +85,6 @@ void Session::SetCommitRequester(std::function<void()> request) {
   request_commit_ = std::move(request);
 }
 
-uint64_t Session::fingerprint() const {
-  absl::MutexLock lock(&mu_);
-  return manifest_.fingerprint;
-}
-
 int64_t Session::nrec() const {
   absl::MutexLock lock(&mu_);
   return nrec_;
@@ -109,14 +105,28 @@ bool Session::NeedsCommit() const {
   return unsynced_bytes_ > 0 || commit_requested_;
 }
 
-absl::Status Session::CheckFingerprint(std::optional<uint64_t> expected) const {
+absl::Status Session::CheckFingerprint(const std::optional<ModelIdentity>& expected) {
   if (!expected.has_value()) return absl::OkStatus();
-  const uint64_t have = fingerprint();
-  if (have == *expected) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "session \"%s\" was computed with another model checkpoint (fingerprint %016x, the caller's "
-      "model has %016x); refusing to mix KV rows of different models",
-      id_, have, *expected));
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckModelIdentity(manifest_, *expected, absl::StrCat("session \"", id_, "\"")));
+  if (manifest_.fingerprint_version != Manifest::kCurrentFingerprintVersion) {
+    fingerprint_upgrade_ = expected->fingerprint;  // recorded by the next manifest write
+  }
+  return absl::OkStatus();
+}
+
+Manifest Session::ManifestToWriteLocked() const {
+  Manifest m = manifest_;
+  if (fingerprint_upgrade_.has_value()) {
+    m.fingerprint = *fingerprint_upgrade_;
+    m.fingerprint_version = Manifest::kCurrentFingerprintVersion;
+  }
+  return m;
+}
+
+void Session::SetManifestLocked(Manifest m) {
+  if (m.fingerprint_version == Manifest::kCurrentFingerprintVersion) fingerprint_upgrade_.reset();
+  manifest_ = std::move(m);
 }
 
 std::pair<int32_t, int32_t> Session::Slots(int32_t begin, int32_t end) const {
@@ -344,8 +354,19 @@ bool Session::WriterDurable(int64_t writer_id) const {
 }
 
 void Session::CloseWriter(int64_t writer_id) {
-  absl::MutexLock lock(&mu_);
-  writers_.erase(writer_id);
+  bool request = false;
+  {
+    absl::MutexLock lock(&mu_);
+    writers_.erase(writer_id);
+    // The last writer is gone: a commit round covers the records after the
+    // last complete chunk with the tail checksum (CatchUpManifest).
+    if (writers_.empty() && failed_.ok() && !deleted_ && ChecksummedRecords(manifest_) < nrec_ &&
+        !commit_requested_) {
+      commit_requested_ = true;
+      request = true;
+    }
+  }
+  if (request && request_commit_) request_commit_();
 }
 
 absl::StatusOr<int64_t> Session::Commit() {
@@ -404,34 +425,48 @@ absl::StatusOr<int64_t> Session::Commit() {
   return nrec;
 }
 
+absl::Status Session::CoverManifest(const ColiKvWriter& file, int64_t nrec, Manifest* m) const {
+  if (file.version() != Version::kV2) {
+    return absl::FailedPreconditionError("checksums are kept up to date for v2 files only");
+  }
+  // Checksums cover the v2 bytes as stored; read them back from the file.
+  return CoverRecords(
+      nrec,
+      [&](int64_t first, int64_t count, std::string* out) -> absl::Status {
+        out->resize(static_cast<size_t>(count * layout_.record_bytes()));
+        ASSIGN_OR_RETURN(size_t got, file.ReadAt(static_cast<uint64_t>(layout_.file_offset(first)),
+                                                 out->size(), out->data()));
+        if (got != out->size()) return absl::DataLossError(absl::StrCat(data_path_, ": short read"));
+        return absl::OkStatus();
+      },
+      m);
+}
+
 void Session::CatchUpManifest() {
   Manifest m;
   std::shared_ptr<ColiKvWriter> file;
   int64_t nrec;
+  bool idle;
+  bool upgrade;
   {
     absl::MutexLock lock(&mu_);
-    m = manifest_;
+    m = ManifestToWriteLocked();
     file = file_;
     nrec = nrec_;
+    idle = writers_.empty();
+    upgrade = fingerprint_upgrade_.has_value();
   }
-  const int64_t have = static_cast<int64_t>(m.chunk_crc32c.size());
-  const int64_t want = nrec / m.chunk_records;
-  if (want <= have || file->version() != Version::kV2) return;
-  // Chunk checksums cover the v2 bytes as stored (sessions being written are
-  // always v2); read them back from the file.
-  const int64_t chunk_bytes = int64_t{m.chunk_records} * layout_.record_bytes();
-  std::string buf(static_cast<size_t>(chunk_bytes), '\0');
-  for (int64_t k = have; k < want; ++k) {
-    absl::StatusOr<size_t> got = file->ReadAt(
-        static_cast<uint64_t>(layout_.file_offset(k * m.chunk_records)), buf.size(), buf.data());
-    if (!got.ok() || *got != buf.size()) return;  // retried at the next commit
-    m.chunk_crc32c.push_back(crc32c::Value(buf));
-  }
-  // A failed replacement is retried at the next commit: the records are
-  // committed either way, the manifest only lags.
+  // A chunk completed, or the writers are gone and records after the last
+  // complete chunk are not yet covered or the fingerprint awaits its upgrade.
+  const bool chunk_done = nrec / m.chunk_records > static_cast<int64_t>(m.chunk_crc32c.size());
+  const bool idle_work = idle && (ChecksummedRecords(m) < nrec || upgrade);
+  if (!chunk_done && !idle_work) return;
+  // A failure (read or replacement) is retried at the next commit: the
+  // records are committed either way, the manifest only lags.
+  if (!CoverManifest(*file, nrec, &m).ok()) return;
   if (!WriteManifest(env_, manifest_path_, m).ok()) return;
   absl::MutexLock lock(&mu_);
-  manifest_ = std::move(m);
+  SetManifestLocked(std::move(m));
 }
 
 absl::Status Session::Truncate(int64_t n) {
@@ -449,11 +484,14 @@ absl::Status Session::Truncate(int64_t n) {
       return absl::OutOfRangeError(absl::StrCat("cannot truncate to ", n, " records: ", nrec_,
                                                 " are committed"));
     }
-    m = manifest_;
+    m = ManifestToWriteLocked();
     file = file_;
   }
   const size_t chunks = static_cast<size_t>(n / m.chunk_records);
   if (m.chunk_crc32c.size() > chunks) m.chunk_crc32c.resize(chunks);
+  m.tail_records = 0;
+  m.tail_crc32c = 0;
+  if (file->version() == Version::kV2) RETURN_IF_ERROR(CoverManifest(*file, n, &m));
   m.turn_watermark = std::min(m.turn_watermark, n);
   bool manifest_changed;
   {
@@ -463,7 +501,7 @@ absl::Status Session::Truncate(int64_t n) {
   if (manifest_changed) {
     RETURN_IF_ERROR(WriteManifest(env_, manifest_path_, m));
     absl::MutexLock lock(&mu_);
-    manifest_ = m;
+    SetManifestLocked(m);
   }
   if (absl::Status s = file->Truncate(n); !s.ok()) {
     Fail(s);
@@ -484,6 +522,8 @@ absl::Status Session::Update(std::optional<int64_t> turn_watermark,
                              const std::vector<std::string>& remove) {
   absl::MutexLock commit_lock(&commit_mu_);
   Manifest m;
+  std::shared_ptr<ColiKvWriter> file;
+  int64_t nrec;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(UsableLocked());
@@ -491,15 +531,20 @@ absl::Status Session::Update(std::optional<int64_t> turn_watermark,
       return absl::OutOfRangeError(absl::StrCat("turn watermark ", *turn_watermark,
                                                 " must be in [0, ", nrec_, "] (committed records)"));
     }
-    m = manifest_;
+    m = ManifestToWriteLocked();
+    file = file_;
+    nrec = nrec_;
   }
+  // The manifest is replaced anyway: bring its checksums up to nrec (a turn
+  // shorter than a chunk is covered when it ends).
+  if (file->version() == Version::kV2) RETURN_IF_ERROR(CoverManifest(*file, nrec, &m));
   if (turn_watermark.has_value()) m.turn_watermark = *turn_watermark;
   for (const auto& [k, v] : set) m.metadata[k] = v;
   for (const std::string& k : remove) m.metadata.erase(k);
   RETURN_IF_ERROR(ValidateManifest(m));
   RETURN_IF_ERROR(WriteManifest(env_, manifest_path_, m));
   absl::MutexLock lock(&mu_);
-  manifest_ = std::move(m);
+  SetManifestLocked(std::move(m));
   return absl::OkStatus();
 }
 

@@ -50,6 +50,7 @@ struct SessionSpec {
   // DefaultIndexerLayers(dims).
   std::vector<int32_t> indexer_layers;
   uint64_t fingerprint = 0;
+  std::optional<uint64_t> model_digest;  // Manifest::model_digest
   std::map<std::string, std::string> metadata;
   // Records per checksummed chunk; 0: the store's choice
   // (StoreOptions::chunk_records, else Manifest::kDefaultChunkRecords).
@@ -111,7 +112,6 @@ class Session {
 
   const std::string& id() const { return id_; }
   const Dims& dims() const { return dims_; }
-  uint64_t fingerprint() const;
   int64_t nrec() const;
   // OK, or the status that failed the session.
   absl::Status health() const;
@@ -120,9 +120,11 @@ class Session {
   // Written data is not yet covered by a commit round.
   bool NeedsCommit() const;
 
-  // FAILED_PRECONDITION naming both fingerprints when `expected` is set and
-  // differs from the session's.
-  absl::Status CheckFingerprint(std::optional<uint64_t> expected) const;
+  // FAILED_PRECONDITION when `expected` is set and the session's fingerprint
+  // is not its value of the same version (CheckModelIdentity). A session
+  // whose manifest records a version-1 fingerprint that matches has its
+  // manifest upgraded to expected->fingerprint by the next manifest write.
+  absl::Status CheckFingerprint(const std::optional<ModelIdentity>& expected);
 
   // Bytes of the rows of one token for layers [begin, end): the v2 rows of
   // those layers followed by the f32 keys of the indexer slots whose layer is
@@ -212,7 +214,15 @@ class Session {
   absl::Status UsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimTokensLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UpgradeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_);
+  // Brings the manifest's checksums up to nrec when a chunk completed or,
+  // with no writer left, when records after the last chunk are uncovered.
   void CatchUpManifest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_);
+  // The manifest a write replaces manifest_ with (a pending fingerprint
+  // upgrade applied), and the bookkeeping once it is written.
+  Manifest ManifestToWriteLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetManifestLocked(Manifest m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CoverRecords over the first nrec records of `file` (a v2 file).
+  absl::Status CoverManifest(const ColiKvWriter& file, int64_t nrec, Manifest* m) const;
   std::pair<int32_t, int32_t> Slots(int32_t begin, int32_t end) const;
 
   Env* const env_;
@@ -231,6 +241,8 @@ class Session {
   std::function<void()> request_commit_;
   std::shared_ptr<ColiKvWriter> file_ ABSL_GUARDED_BY(mu_);
   Manifest manifest_ ABSL_GUARDED_BY(mu_);
+  // The current-version fingerprint a version-1 manifest is upgraded to.
+  std::optional<uint64_t> fingerprint_upgrade_ ABSL_GUARDED_BY(mu_);
   int64_t nrec_ ABSL_GUARDED_BY(mu_);
   // Per layer: positions below written_ have rows written (the write
   // returned); below durable_ also synced. low_[l] is the lowest written_[l]

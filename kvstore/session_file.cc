@@ -46,7 +46,7 @@ absl::StatusOr<CheckedSession> OpenCheckedSession(Env* env, const std::string& d
                                             DimsDiff(out.reader->dims(), man.dims)));
   }
   const int64_t nrec = out.reader->nrec();
-  const int64_t covered = static_cast<int64_t>(man.chunk_crc32c.size()) * man.chunk_records;
+  const int64_t covered = ChecksummedRecords(man);
   if (covered > nrec) {
     return absl::DataLossError(absl::StrCat(data_path, ": the manifest checksums ", covered,
                                             " records but the file commits only ", nrec,
@@ -57,23 +57,15 @@ absl::StatusOr<CheckedSession> OpenCheckedSession(Env* env, const std::string& d
                                             man.turn_watermark, " is beyond the ", nrec,
                                             " committed records (records were lost)"));
   }
-  if (options.expected_fingerprint.has_value() && *options.expected_fingerprint != man.fingerprint) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s was computed with another model checkpoint (fingerprint %016x, the loaded model "
-        "has %016x); refusing to load KV rows that do not belong to this model",
-        data_path, man.fingerprint, *options.expected_fingerprint));
+  if (options.expected_fingerprint.has_value()) {
+    RETURN_IF_ERROR(CheckModelIdentity(man, *options.expected_fingerprint, data_path));
   }
   if (options.verify_checksums) {
-    const int64_t chunks = static_cast<int64_t>(man.chunk_crc32c.size());
-    ASSIGN_OR_RETURN(std::vector<uint32_t> crcs,
-                     ComputeChunkCrcs(*out.reader, man.chunk_records, 0, chunks));
-    for (int64_t k = 0; k < chunks; ++k) {
-      if (crcs[static_cast<size_t>(k)] != man.chunk_crc32c[static_cast<size_t>(k)]) {
-        return absl::DataLossError(absl::StrFormat(
-            "%s: checksum mismatch in chunk %d (records %d to %d): stored %08x, computed %08x",
-            data_path, k, k * man.chunk_records, (k + 1) * man.chunk_records - 1,
-            man.chunk_crc32c[static_cast<size_t>(k)], crcs[static_cast<size_t>(k)]));
-      }
+    ASSIGN_OR_RETURN(std::vector<ChecksumMismatch> bad, FindChecksumMismatches(*out.reader, man));
+    if (!bad.empty()) {
+      return absl::DataLossError(absl::StrFormat("%s: checksum mismatch in %s: stored %08x, computed %08x",
+                                                 data_path, DescribeRange(bad.front()),
+                                                 bad.front().stored, bad.front().computed));
     }
   }
   return out;
@@ -92,6 +84,7 @@ absl::Status ImportSession(Env* env, const std::string& data_path, const ImportO
   }
   Manifest m;
   m.fingerprint = options.fingerprint;
+  m.model_digest = options.model_digest;
   m.dims = options.dims;
   if (options.indexer_layers.empty()) {
     ASSIGN_OR_RETURN(m.indexer_layers, DefaultIndexerLayers(options.dims));
@@ -102,8 +95,7 @@ absl::Status ImportSession(Env* env, const std::string& data_path, const ImportO
   m.metadata = options.metadata;
   m.turn_watermark = reader->nrec();
   RETURN_IF_ERROR(ValidateManifest(m));
-  ASSIGN_OR_RETURN(m.chunk_crc32c,
-                   ComputeChunkCrcs(*reader, m.chunk_records, 0, reader->nrec() / m.chunk_records));
+  RETURN_IF_ERROR(CoverCommittedRecords(*reader, &m));
   return WriteManifest(env, mpath, m);
 }
 

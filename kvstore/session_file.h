@@ -25,8 +25,8 @@ namespace strata::kv {
 
 struct CheckOptions {
   // When set, a manifest with another fingerprint is refused
-  // (FAILED_PRECONDITION).
-  std::optional<uint64_t> expected_fingerprint;
+  // (FAILED_PRECONDITION, CheckModelIdentity).
+  std::optional<ModelIdentity> expected_fingerprint;
   // Recompute the CRC32C of every chunk the manifest covers and compare.
   bool verify_checksums = true;
 };
@@ -52,7 +52,8 @@ absl::StatusOr<CheckedSession> OpenCheckedSession(Env* env, const std::string& d
 struct ImportOptions {
   // The model's dimensions; the file's header must hold exactly these.
   Dims dims;
-  uint64_t fingerprint = 0;
+  uint64_t fingerprint = 0;  // the current version
+  std::optional<uint64_t> model_digest;
   // Slot → layer map (Manifest::indexer_layers); empty means
   // DefaultIndexerLayers(dims).
   std::vector<int32_t> indexer_layers;

@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "gtest/gtest.h"
 #include "kvstore/fault_injection_env.h"
 #include "kvstore/session_file.h"
@@ -146,6 +148,117 @@ TEST_F(SessionTest, TwoStagesCommitTheCommonPrefix) {
   auto again = store_->Get("chat", fingerprint_);
   ASSERT_TRUE(again.ok()) << again.status();
   ExpectContents(**again, 13);
+}
+
+// Records after the last complete chunk get a checksum when the writers are
+// gone and at every Update (a turn's end), so a session shorter than a chunk
+// is covered too; a damaged byte there is DATA_LOSS when it is opened.
+TEST_F(SessionTest, RecordsAfterTheLastChunkAreChecksummed) {
+  auto s = *store_->Create("short", Spec());
+  const std::string manifest_path = ManifestPath(Session::DataPath("/kv", "short"));
+  auto tail_of = [&](int64_t first, int64_t n) {
+    std::string recs;
+    for (int64_t p = first; p < first + n; ++p) recs += model_->Record(p);
+    return testing::BitwiseCrc32c(recs);
+  };
+  auto w = s->OpenWriter(0, dims_.n_layers, std::nullopt, nullptr);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(WriteRange(*s, w->writer_id, 0, 3, 0, dims_.n_layers).ok());
+  store_->CommitAll();
+  ASSERT_EQ(s->nrec(), 3);
+  EXPECT_EQ(ReadManifest(&env_, manifest_path)->tail_records, 0);  // a writer is still open
+  s->CloseWriter(w->writer_id);
+  store_->CommitAll();
+  Manifest m = *ReadManifest(&env_, manifest_path);
+  EXPECT_EQ(m.chunk_crc32c.size(), 0u);
+  EXPECT_EQ(m.tail_records, 3);
+  EXPECT_EQ(m.tail_crc32c, tail_of(0, 3));
+
+  // A chunk completes while a writer is open: the replacement covers the tail too.
+  w = s->OpenWriter(0, dims_.n_layers, std::nullopt, nullptr);
+  ASSERT_TRUE(WriteRange(*s, w->writer_id, 3, 5, 0, dims_.n_layers).ok());
+  store_->CommitAll();
+  m = *ReadManifest(&env_, manifest_path);
+  EXPECT_EQ(m.chunk_crc32c.size(), 1u);
+  EXPECT_EQ(m.tail_records, 1);
+  EXPECT_EQ(m.tail_crc32c, tail_of(4, 1));
+  ASSERT_TRUE(WriteRange(*s, w->writer_id, 5, 6, 0, dims_.n_layers).ok());
+  store_->CommitAll();
+  EXPECT_EQ(ReadManifest(&env_, manifest_path)->tail_records, 1);  // no replacement per commit
+  ASSERT_TRUE(s->Update(6, {}, {}).ok());
+  m = *ReadManifest(&env_, manifest_path);
+  EXPECT_EQ(m.tail_records, 2);
+  EXPECT_EQ(m.tail_crc32c, tail_of(4, 2));
+  s->CloseWriter(w->writer_id);
+  store_->CommitAll();
+
+  // Truncating into the tail recomputes it.
+  ASSERT_TRUE(s->Truncate(5).ok());
+  m = *ReadManifest(&env_, manifest_path);
+  EXPECT_EQ(m.tail_records, 1);
+  EXPECT_EQ(m.tail_crc32c, tail_of(4, 1));
+
+  // One flipped bit in the tail's records: the session no longer opens.
+  s.reset();
+  store_.reset();
+  {
+    const int64_t rb = testing::SpecV2RecordBytes(dims_);
+    auto f = env_.Open(Session::DataPath("/kv", "short"), OpenMode::kReadWrite);
+    const uint64_t at = 40 + 4 * rb + rng_() % rb;
+    char c;
+    ASSERT_TRUE((*f)->Read(at, 1, &c).ok());
+    c ^= 0x04;
+    ASSERT_TRUE((*f)->Write(at, std::string_view(&c, 1)).ok());
+  }
+  store_ = *Store::Open(&env_, options_);
+  EXPECT_EQ(store_->Get("short", fingerprint_).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A manifest written before format version 2 records a version-1 model
+// fingerprint: it is checked against the caller's version-1 value, and the
+// next manifest write records the current one.
+TEST_F(SessionTest, VersionOneFingerprintIsCheckedAndUpgraded) {
+  const uint64_t legacy = fingerprint_ ^ 0x5555;
+  {
+    auto s = *store_->Create("old", Spec());
+    auto w = s->OpenWriter(0, dims_.n_layers, std::nullopt, nullptr);
+    ASSERT_TRUE(WriteRange(*s, w->writer_id, 0, 3, 0, dims_.n_layers).ok());
+    s->CloseWriter(w->writer_id);
+    store_->CommitAll();
+  }
+  store_.reset();
+  // Rewrite the manifest as a version-1 build wrote it.
+  const std::string path = ManifestPath(Session::DataPath("/kv", "old"));
+  const Manifest now = *ReadManifest(&env_, path);
+  nlohmann::json j = nlohmann::json::parse(SerializeManifest(now).substr(0, SerializeManifest(now).find('\n')));
+  j["version"] = 1;
+  j["fingerprint"] = absl::StrFormat("%016x", legacy);
+  j.erase("fingerprint_version");
+  j.erase("model_digest");
+  j.erase("tail_records");
+  j.erase("tail_crc32c");
+  const std::string body = j.dump() + "\n";
+  ASSERT_TRUE(WriteFileAtomically(&env_, path, body + absl::StrFormat("crc32c %08x\n", testing::BitwiseCrc32c(body))).ok());
+  ASSERT_EQ(ReadManifest(&env_, path)->fingerprint_version, 1);
+
+  store_ = *Store::Open(&env_, options_);
+  EXPECT_EQ(store_->Get("old", fingerprint_).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "no version-1 value to compare with";
+  EXPECT_EQ(store_->Get("old", ModelIdentity(fingerprint_, legacy + 1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Get("old", ModelIdentity(legacy, std::nullopt)).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "a version-1 value is never compared with the current one";
+  auto s = store_->Get("old", ModelIdentity(fingerprint_, legacy));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectContents(**s, 3);
+  EXPECT_EQ(ReadManifest(&env_, path)->fingerprint_version, 1);  // upgraded by the next write
+  ASSERT_TRUE((*s)->Update(3, {}, {}).ok());
+  const Manifest upgraded = *ReadManifest(&env_, path);
+  EXPECT_EQ(upgraded.fingerprint_version, 2);
+  EXPECT_EQ(upgraded.fingerprint, fingerprint_);
+  EXPECT_EQ(upgraded.tail_records, 3);
+  EXPECT_EQ(store_->Get("old", fingerprint_).status().code(), absl::StatusCode::kOk);
 }
 
 TEST_F(SessionTest, WriteErrorsHaveSpecificCodes) {

@@ -153,7 +153,7 @@ absl::StatusOr<std::shared_ptr<Session>> Store::Create(const std::string& id,
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Store::Get(const std::string& id,
-                                                    std::optional<uint64_t> expected_fingerprint) {
+                                                    const std::optional<ModelIdentity>& expected_fingerprint) {
   RETURN_IF_ERROR(ValidateSessionId(id));
   std::shared_ptr<Session> session;
   {

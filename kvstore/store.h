@@ -76,7 +76,7 @@ class Store {
   // `expected_fingerprint` is set) or a file without manifest; DATA_LOSS for
   // a damaged session; INVALID_ARGUMENT for a bad id.
   absl::StatusOr<std::shared_ptr<Session>> Get(const std::string& id,
-                                               std::optional<uint64_t> expected_fingerprint = {});
+                                               const std::optional<ModelIdentity>& expected_fingerprint = {});
 
   // Deletes a session's files (also a damaged session's). NOT_FOUND when
   // there is no such session; FAILED_PRECONDITION while writers are open.

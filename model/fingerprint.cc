@@ -5,7 +5,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "model/safetensors.h"
 
 namespace strata {
@@ -98,7 +100,75 @@ absl::StatusOr<uint64_t> SyntheticModelFingerprint(const std::string& dir, uint6
   return fp.Finish();
 }
 
-absl::StatusOr<uint64_t> ModelFingerprint(const std::string& dir) {
+namespace {
+
+void UpdateU64Field(Fingerprint64& fp, uint64_t v) {
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(v >> (8 * i));
+  fp.UpdateField(le, sizeof(le));
+}
+
+// The digest of one tensor's sample (full: every byte), and the bytes hashed.
+uint64_t TensorDigest(absl::Span<const uint8_t> bytes, bool full, uint64_t* read) {
+  Fingerprint64 fp;
+  const uint64_t n = bytes.size();
+  if (full || n <= kFullTensorBytes) {
+    fp.UpdateField(bytes.data(), n);
+    *read = n;
+    return fp.Finish();
+  }
+  for (int i = 0; i < kSampleWindows; ++i) {
+    const uint64_t at = static_cast<uint64_t>(i) * (n - kSampleWindowBytes) / (kSampleWindows - 1);
+    fp.UpdateField(bytes.data() + at, kSampleWindowBytes);
+  }
+  *read = uint64_t{kSampleWindows} * kSampleWindowBytes;
+  return fp.Finish();
+}
+
+// Version 2 (full = false) or the model digest (full = true).
+absl::StatusOr<uint64_t> EveryTensor(const std::string& dir, bool full, FingerprintStats* stats) {
+  ASSIGN_OR_RETURN(const std::string config, ReadConfigText(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::OpenDir(dir));
+  const std::vector<std::string> names = store->Names();
+  std::vector<absl::Span<const uint8_t>> views(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    ASSIGN_OR_RETURN(views[i], store->View(names[i]));
+  }
+  // Per-tensor digests in parallel (page faults on a cold checkpoint are the
+  // cost), combined in name order: the value does not depend on the threads.
+  std::vector<uint64_t> digests(names.size()), read(names.size());
+  ThreadPool::Default().ParallelFor(static_cast<int64_t>(names.size()), 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      digests[static_cast<size_t>(i)] = TensorDigest(views[static_cast<size_t>(i)], full, &read[static_cast<size_t>(i)]);
+    }
+  });
+  Fingerprint64 fp;
+  fp.UpdateField(full ? "strata model digest v2" : "strata model fingerprint v2");
+  fp.UpdateField(config);
+  for (const std::string& header : store->HeaderTexts()) fp.UpdateField(header);
+  FingerprintStats st;
+  for (size_t i = 0; i < names.size(); ++i) {
+    fp.UpdateField(names[i]);
+    UpdateU64Field(fp, digests[i]);
+    st.tensors += 1;
+    st.tensor_bytes += views[i].size();
+    st.bytes_read += read[i];
+  }
+  if (stats != nullptr) *stats = st;
+  return fp.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ModelFingerprint(const std::string& dir, FingerprintStats* stats) {
+  return EveryTensor(dir, /*full=*/false, stats);
+}
+
+absl::StatusOr<uint64_t> ModelDigest(const std::string& dir, FingerprintStats* stats) {
+  return EveryTensor(dir, /*full=*/true, stats);
+}
+
+absl::StatusOr<uint64_t> LegacyModelFingerprint(const std::string& dir) {
   ASSIGN_OR_RETURN(const std::string config, ReadConfigText(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::OpenDir(dir));
   Fingerprint64 fp;
@@ -112,6 +182,29 @@ absl::StatusOr<uint64_t> ModelFingerprint(const std::string& dir) {
     fp.UpdateField(bytes->data(), bytes->size());
   }
   return fp.Finish();
+}
+
+absl::StatusOr<ModelIdentityValues> FingerprintModel(const std::string& dir,
+                                                     std::optional<uint64_t> synthetic_seed) {
+  ModelIdentityValues v;
+  if (synthetic_seed.has_value()) {
+    ASSIGN_OR_RETURN(v.fingerprint, SyntheticModelFingerprint(dir, *synthetic_seed));
+    v.legacy_fingerprint = v.fingerprint;
+    v.what = absl::StrCat("synthetic weights from seed ", *synthetic_seed);
+    return v;
+  }
+  FingerprintStats stats;
+  ASSIGN_OR_RETURN(v.fingerprint, ModelFingerprint(dir, &stats));
+  absl::StatusOr<uint64_t> legacy = LegacyModelFingerprint(dir);
+  if (legacy.ok()) {
+    v.legacy_fingerprint = *legacy;
+  } else if (!absl::IsNotFound(legacy.status())) {
+    return legacy.status();
+  }
+  v.what = absl::StrFormat("%d tensors sampled, %.1f MB of %.1f MB read", stats.tensors,
+                           static_cast<double>(stats.bytes_read) / 1e6,
+                           static_cast<double>(stats.tensor_bytes) / 1e6);
+  return v;
 }
 
 }  // namespace strata

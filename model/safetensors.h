@@ -182,6 +182,11 @@ class TensorStore {
   // kernel reading them (SafetensorsFile::Prefetch).
   absl::StatusOr<absl::Span<const uint8_t>> ReadRaw(std::string_view name) const;
 
+  // The stored bytes without asking the kernel to read them ahead: only the
+  // pages a caller touches are read (the mapping is MADV_RANDOM). For callers
+  // that sample a few bytes of a tensor (the model fingerprint).
+  absl::StatusOr<absl::Span<const uint8_t>> View(std::string_view name) const;
+
   // Visible tensor names in ascending byte order.
   std::vector<std::string> Names() const;
 

@@ -287,6 +287,11 @@ absl::StatusOr<absl::Span<const uint8_t>> TensorStore::ReadRaw(std::string_view 
   return loc.file->Data(*loc.info);
 }
 
+absl::StatusOr<absl::Span<const uint8_t>> TensorStore::View(std::string_view name) const {
+  ASSIGN_OR_RETURN(const Location loc, Locate(name));
+  return loc.file->Data(*loc.info);
+}
+
 std::vector<std::string> TensorStore::Names() const {
   std::vector<std::string> names;
   names.reserve(tensors_.size());

@@ -315,7 +315,8 @@ AppendStream* AppendState::NewStreamLocked(v1::AppendRequest* open) {
   o->set_session_id(spec_.session_id);
   o->set_layer_begin(spec_.layout.layer_begin);
   o->set_layer_end(spec_.layout.layer_end);
-  if (spec_.fingerprint != 0) o->set_fingerprint(spec_.fingerprint);
+  if (spec_.model.fingerprint != 0) o->set_fingerprint(spec_.model.fingerprint);
+  if (spec_.model.legacy_fingerprint != 0) o->set_legacy_fingerprint(spec_.model.legacy_fingerprint);
   if (first_open_ && spec_.start_position) o->set_start_position(*spec_.start_position);
   opened_ = writes_done_ = read_failed_ = hold_released_ = false;
   writing_ = true;  // the open message
@@ -606,7 +607,7 @@ class ClientImpl final : public KvStoreClient {
     return std::make_unique<AppenderHandle>(std::move(state));
   }
 
-  absl::Status Load(const std::string& session_id, uint64_t fingerprint, const SliceLayout& layout, int64_t count,
+  absl::Status Load(const std::string& session_id, const KvModelId& model, const SliceLayout& layout, int64_t count,
                     SequenceKv* kv, std::vector<int>* tokens) override;
 
   int64_t rows_committed() const override { return core_->rows_committed.load(); }
@@ -615,7 +616,7 @@ class ClientImpl final : public KvStoreClient {
   std::shared_ptr<Core> core_;
 };
 
-absl::Status ClientImpl::Load(const std::string& session_id, uint64_t fingerprint, const SliceLayout& layout,
+absl::Status ClientImpl::Load(const std::string& session_id, const KvModelId& model, const SliceLayout& layout,
                               int64_t count, SequenceKv* kv, std::vector<int>* tokens) {
   tokens->clear();
   if (count <= 0) return absl::OkStatus();
@@ -629,7 +630,8 @@ absl::Status ClientImpl::Load(const std::string& session_id, uint64_t fingerprin
   req.set_layer_end(layout.layer_end);
   req.set_position_begin(0);
   req.set_position_end(count);
-  if (fingerprint != 0) req.set_fingerprint(fingerprint);
+  if (model.fingerprint != 0) req.set_fingerprint(model.fingerprint);
+  if (model.legacy_fingerprint != 0) req.set_legacy_fingerprint(model.legacy_fingerprint);
   auto reader = core_->stub()->Load(&ctx, req);
   v1::LoadChunk chunk;
   const int64_t slice = layout.slice_bytes();

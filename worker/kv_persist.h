@@ -51,9 +51,17 @@ struct KvStoreClientOptions {
   absl::Duration load_timeout = absl::Seconds(300);
 };
 
+// The model identity sent with every append and load (docs/coli-kv.md,
+// "Model fingerprint"): the current fingerprint (0: not checked) and the
+// version-1 one that sessions saved before version 2 record (0: none).
+struct KvModelId {
+  uint64_t fingerprint = 0;
+  uint64_t legacy_fingerprint = 0;
+};
+
 struct AppenderSpec {
   std::string session_id;
-  uint64_t fingerprint = 0;  // 0: not checked
+  KvModelId model;
   SliceLayout layout;
   // The first position this appender will be handed (the sequence's length
   // when it was created). Rows below `skip_below` are never sent.
@@ -96,7 +104,7 @@ class KvStoreClient {
   // their token ids into `tokens`. Errors carry the store's code (NOT_FOUND,
   // FAILED_PRECONDITION for another model's fingerprint, OUT_OF_RANGE beyond
   // the committed records, UNAVAILABLE, ...) with the session id.
-  virtual absl::Status Load(const std::string& session_id, uint64_t fingerprint, const SliceLayout& layout,
+  virtual absl::Status Load(const std::string& session_id, const KvModelId& model, const SliceLayout& layout,
                             int64_t count, SequenceKv* kv, std::vector<int>* tokens) = 0;
 
   // Rows acknowledged as committed over all appenders since the start.

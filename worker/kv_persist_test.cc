@@ -35,6 +35,7 @@ constexpr const char* kConfig = R"({
   "max_position_embeddings": 512, "index_n_heads": 4, "index_head_dim": 16, "index_topk": 8
 })";
 constexpr uint64_t kFingerprint = 0x1234abcd5678ef00ull;
+constexpr KvModelId kModel{kFingerprint, 0};
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
@@ -145,8 +146,8 @@ TEST_F(KvPersistTest, TwoStagesAppendAndTheRowsComeBackBitExactUnderAnotherSplit
   auto client = *KvStoreClient::Connect({address_});
   const SliceLayout l0 = MakeSliceLayout(stage0_->config(), 0, 2), l1 = MakeSliceLayout(stage1_->config(), 2, 4);
   auto k0 = stage0_->NewSequence(), k1 = stage1_->NewSequence();
-  AppenderSpec s0{"chat", kFingerprint, l0, 0, 0, std::nullopt};
-  AppenderSpec s1{"chat", kFingerprint, l1, 0, 0, std::nullopt};
+  AppenderSpec s0{"chat", kModel, l0, 0, 0, std::nullopt};
+  AppenderSpec s1{"chat", kModel, l1, 0, 0, std::nullopt};
   auto a0 = client->OpenAppender(s0);
   auto a1 = client->OpenAppender(s1);
   const std::vector<int> prompt = Tokens(13, 1);
@@ -169,7 +170,7 @@ TEST_F(KvPersistTest, TwoStagesAppendAndTheRowsComeBackBitExactUnderAnotherSplit
   // Back into the same split.
   auto r0 = stage0_->NewSequence();
   std::vector<int> ids;
-  ASSERT_TRUE(client->Load("chat", kFingerprint, l0, n, r0.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("chat", kModel, l0, n, r0.get(), &ids).ok());
   EXPECT_EQ(ids, all);
   ASSERT_EQ(r0->num_tokens(), n);
   ExpectSameRows(*k0, 0, *r0, 0, 2, n);
@@ -180,21 +181,21 @@ TEST_F(KvPersistTest, TwoStagesAppendAndTheRowsComeBackBitExactUnderAnotherSplit
   o.layer_end = 3;
   auto e03 = *Engine::Load(root_ + "/model", o);
   auto r03 = e03->NewSequence();
-  ASSERT_TRUE(client->Load("chat", kFingerprint, MakeSliceLayout(e03->config(), 0, 3), n, r03.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("chat", kModel, MakeSliceLayout(e03->config(), 0, 3), n, r03.get(), &ids).ok());
   ExpectSameRows(*k0, 0, *r03, 0, 2, n);
   ExpectSameRows(*k1, 0, *r03, 2, 1, n);
   // A fresh sequence continued from loaded rows gives the same next rows as
   // the original (nothing about the cache was lost).
   auto c1 = stage1_->NewSequence();
-  ASSERT_TRUE(client->Load("chat", kFingerprint, l1, n, c1.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("chat", kModel, l1, n, c1.get(), &ids).ok());
   Step(r0.get(), c1.get(), {7});
   Step(k0.get(), k1.get(), {7});
   ExpectSameRows(*k1, 0, *c1, 0, 2, n + 1);
   // Another model's fingerprint is refused.
   auto bad = stage0_->NewSequence();
-  EXPECT_EQ(client->Load("chat", kFingerprint + 1, l0, n, bad.get(), &ids).code(),
+  EXPECT_EQ(client->Load("chat", KvModelId{kFingerprint + 1, 0}, l0, n, bad.get(), &ids).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(client->Load("nope", kFingerprint, l0, 1, bad.get(), &ids).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->Load("nope", kModel, l0, 1, bad.get(), &ids).code(), absl::StatusCode::kNotFound);
 
   // Dropping the appenders closes their streams; the file verifies.
   a0.reset();
@@ -214,8 +215,8 @@ TEST_F(KvPersistTest, AppendersSurviveAStoreRestart) {
   auto client = *KvStoreClient::Connect(co);
   const SliceLayout l0 = MakeSliceLayout(stage0_->config(), 0, 2), l1 = MakeSliceLayout(stage1_->config(), 2, 4);
   auto k0 = stage0_->NewSequence(), k1 = stage1_->NewSequence();
-  auto a0 = client->OpenAppender({"resilient", kFingerprint, l0, 0, 0, std::nullopt});
-  auto a1 = client->OpenAppender({"resilient", kFingerprint, l1, 0, 0, std::nullopt});
+  auto a0 = client->OpenAppender({"resilient", kModel, l0, 0, 0, std::nullopt});
+  auto a1 = client->OpenAppender({"resilient", kModel, l1, 0, 0, std::nullopt});
   const std::vector<int> prompt = Tokens(9, 2);
   Step(k0.get(), k1.get(), prompt);
   a0->Append(0, prompt, *k0);
@@ -234,7 +235,7 @@ TEST_F(KvPersistTest, AppendersSurviveAStoreRestart) {
   EXPECT_TRUE(a0->status().ok()) << a0->status();
   auto r1 = stage1_->NewSequence();
   std::vector<int> ids;
-  ASSERT_TRUE(client->Load("resilient", kFingerprint, l1, 14, r1.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("resilient", kModel, l1, 14, r1.get(), &ids).ok());
   ExpectSameRows(*k1, 0, *r1, 0, 2, 14);
 }
 
@@ -245,8 +246,8 @@ TEST_F(KvPersistTest, LoadedSessionContinuesAtAppendFromSkippingRecomputedRows) 
   auto k0 = stage0_->NewSequence(), k1 = stage1_->NewSequence();
   const std::vector<int> prompt = Tokens(10, 4);
   {
-    auto a0 = client->OpenAppender({"refeed", kFingerprint, l0, 0, 0, std::nullopt});
-    auto a1 = client->OpenAppender({"refeed", kFingerprint, l1, 0, 0, std::nullopt});
+    auto a0 = client->OpenAppender({"refeed", kModel, l0, 0, 0, std::nullopt});
+    auto a1 = client->OpenAppender({"refeed", kModel, l1, 0, 0, std::nullopt});
     Step(k0.get(), k1.get(), prompt);
     a0->Append(0, prompt, *k0);
     a1->Append(0, prompt, *k1);
@@ -256,11 +257,11 @@ TEST_F(KvPersistTest, LoadedSessionContinuesAtAppendFromSkippingRecomputedRows) 
   // 10th token again (its rows are not sent: append_from = 10), go on.
   auto r0 = stage0_->NewSequence(), r1 = stage1_->NewSequence();
   std::vector<int> ids;
-  ASSERT_TRUE(client->Load("refeed", kFingerprint, l0, 9, r0.get(), &ids).ok());
-  ASSERT_TRUE(client->Load("refeed", kFingerprint, l1, 9, r1.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("refeed", kModel, l0, 9, r0.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("refeed", kModel, l1, 9, r1.get(), &ids).ok());
   // (The first appenders' streams may still be closing: the new ones retry.)
-  auto b0 = client->OpenAppender({"refeed", kFingerprint, l0, 9, 10, 10});
-  auto b1 = client->OpenAppender({"refeed", kFingerprint, l1, 9, 10, 10});
+  auto b0 = client->OpenAppender({"refeed", kModel, l0, 9, 10, 10});
+  auto b1 = client->OpenAppender({"refeed", kModel, l1, 9, 10, 10});
   Step(r0.get(), r1.get(), {prompt[9]});
   b0->Append(9, {prompt[9]}, *r0);
   b1->Append(9, {prompt[9]}, *r1);
@@ -270,7 +271,7 @@ TEST_F(KvPersistTest, LoadedSessionContinuesAtAppendFromSkippingRecomputedRows) 
   b1->Append(10, {42}, *r1);
   ASSERT_TRUE(WaitCommitted(*b0, 11) && WaitCommitted(*b1, 11)) << b0->status() << b1->status();
   auto f1 = stage1_->NewSequence();
-  ASSERT_TRUE(client->Load("refeed", kFingerprint, l1, 11, f1.get(), &ids).ok());
+  ASSERT_TRUE(client->Load("refeed", kModel, l1, 11, f1.get(), &ids).ok());
   EXPECT_EQ(ids.back(), 42);
   ExpectSameRows(*k1, 0, *f1, 0, 2, 11);
 }

@@ -483,7 +483,7 @@ absl::Status StageHost::PersistLocked(const v1::StageChunk& c, const std::vector
   if (!seq.persist) {
     AppenderSpec spec;
     spec.session_id = c.session_id();
-    spec.fingerprint = request_.model_fingerprint();
+    spec.model = ModelId();
     spec.layout = layout_;
     spec.first_position = c.start();
     spec.skip_below = c.start();
@@ -503,7 +503,7 @@ absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadS
   std::unique_ptr<SequenceKv> kv;
   std::shared_ptr<KvStoreClient> client;
   SliceLayout layout;
-  uint64_t fingerprint = 0;
+  KvModelId model;
   {
     std::lock_guard<std::mutex> s(state_mu_);
     if (!loaded()) return absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned"));
@@ -522,16 +522,16 @@ absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadS
     kv = device_ ? NewMirror() : engine_->NewSequence();
     client = kvstore_;
     layout = layout_;
-    fingerprint = request_.model_fingerprint();
+    model = ModelId();
   }
   // Off the lock: the compute thread keeps serving other sequences.
   std::vector<int> ids;
-  RETURN_IF_ERROR(client->Load(req.session_id(), fingerprint, layout, req.tokens(), kv.get(), &ids));
+  RETURN_IF_ERROR(client->Load(req.session_id(), model, layout, req.tokens(), kv.get(), &ids));
   std::unique_ptr<KvAppender> appender;
   if (req.persist()) {
     AppenderSpec spec;
     spec.session_id = req.session_id();
-    spec.fingerprint = fingerprint;
+    spec.model = model;
     spec.layout = layout;
     spec.first_position = req.tokens();
     spec.skip_below = req.append_from();

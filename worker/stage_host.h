@@ -135,6 +135,10 @@ class StageHost {
   static int64_t Tokens(const Seq& s) { return s.dev ? s.dev->num_tokens() : s.kv->num_tokens(); }
   // An empty host cache of this stage's layers in the KV store's form.
   std::unique_ptr<SequenceKv> NewMirror() const;
+  // The model identity of request_ for the KV store. REQUIRES: state_mu_ held.
+  KvModelId ModelId() const {
+    return KvModelId{request_.model_fingerprint(), request_.model_legacy_fingerprint()};
+  }
 
   const StageHostOptions options_;
 

@@ -23,6 +23,16 @@ using strata::v1::LoadRequest;
 
 constexpr int64_t kMaxChunkBytes = int64_t{64} << 20;
 
+// The model a request says it computes with (AppendOpen, LoadRequest): none
+// when it sends no fingerprint.
+template <typename Request>
+std::optional<ModelIdentity> ExpectedModel(const Request& r) {
+  if (!r.has_fingerprint()) return std::nullopt;
+  std::optional<uint64_t> legacy;
+  if (r.has_legacy_fingerprint()) legacy = r.legacy_fingerprint();
+  return ModelIdentity(r.fingerprint(), legacy);
+}
+
 class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, AppendResponse> {
  public:
   explicit AppendReactor(Store* store) : store_(store), listener_(std::make_shared<Listener>(this)) {
@@ -128,9 +138,7 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
         return absl::InvalidArgumentError("the first message of an Append stream must be `open`");
       }
       const strata::v1::AppendOpen& o = request_.open();
-      std::optional<uint64_t> fingerprint;
-      if (o.has_fingerprint()) fingerprint = o.fingerprint();
-      absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(o.session_id(), fingerprint);
+      absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(o.session_id(), ExpectedModel(o));
       if (!s.ok()) return s.status();
       std::optional<int64_t> start;
       if (o.has_start_position()) start = o.start_position();
@@ -293,9 +301,7 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
 
  private:
   absl::Status Init(Store* store, const LoadRequest& req, int64_t default_chunk_bytes) {
-    std::optional<uint64_t> fingerprint;
-    if (req.has_fingerprint()) fingerprint = req.fingerprint();
-    absl::StatusOr<std::shared_ptr<Session>> s = store->Get(req.session_id(), fingerprint);
+    absl::StatusOr<std::shared_ptr<Session>> s = store->Get(req.session_id(), ExpectedModel(req));
     if (!s.ok()) return s.status();
     session_ = *s;
     begin_ = req.layer_begin();

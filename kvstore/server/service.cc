@@ -52,6 +52,7 @@ void FillSessionInfo(const SessionInfo& info, strata::v1::SessionInfo* out) {
   ToProto(info.manifest.dims, out->mutable_dims());
   for (int32_t l : info.manifest.indexer_layers) out->add_indexer_layers(l);
   out->set_fingerprint(info.manifest.fingerprint);
+  out->set_fingerprint_version(info.manifest.fingerprint_version);
   out->set_nrec(info.nrec);
   out->set_turn_watermark(info.manifest.turn_watermark);
   for (const auto& [k, v] : info.manifest.metadata) (*out->mutable_metadata())[k] = v;
@@ -72,6 +73,7 @@ grpc::ServerUnaryReactor* KvStoreService::CreateSession(grpc::CallbackServerCont
     spec.dims = FromProto(req->dims());
     spec.indexer_layers.assign(req->indexer_layers().begin(), req->indexer_layers().end());
     spec.fingerprint = req->fingerprint();
+    if (req->has_model_digest()) spec.model_digest = req->model_digest();
     spec.metadata.insert(req->metadata().begin(), req->metadata().end());
     absl::StatusOr<std::shared_ptr<Session>> s = store_->Create(req->session_id(), spec);
     if (!s.ok()) return s.status();
