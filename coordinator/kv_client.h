@@ -33,7 +33,7 @@ struct KvSessionShape {
   uint64_t fingerprint = 0;
 };
 
-// Dimensions and indexer slot map of `config` (DESIGN.md §4).
+// Dimensions and indexer slot map of `config` (docs/coli-kv.md "Header", "Manifest").
 KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint);
 
 class KvSessionClient {

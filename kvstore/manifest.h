@@ -29,7 +29,7 @@ struct Manifest {
   static constexpr int kFormatVersion = 1;
   static constexpr int32_t kDefaultChunkRecords = 64;
 
-  // Identifies the checkpoint the KV rows were computed with (DESIGN.md §4).
+  // Identifies the checkpoint the KV rows were computed with (docs/design.md §4.6).
   uint64_t fingerprint = 0;
   // Equal to the data file's header dims.
   Dims dims;

@@ -1,6 +1,6 @@
 // ModelFingerprint: a 64-bit identity of a checkpoint, stored in every KV
 // store session's manifest so that rows computed with one model are never
-// loaded into another (DESIGN.md §4, docs/coli-kv.md "Manifest").
+// loaded into another (docs/design.md §4.6, docs/coli-kv.md "Manifest").
 //
 // The fingerprint hashes, in this order, each as its byte length (u64,
 // little-endian) followed by its bytes:
