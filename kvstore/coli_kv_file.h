@@ -163,9 +163,9 @@ class ColiKvWriter {
 absl::Status ConvertFile(Env* env, const std::string& in_path, const std::string& out_path,
                          Version to);
 
-// The v1 → v2 upgrade of DESIGN.md §4: ConvertFile(path, path, kV2) when the
-// file is v1; OK and no change when it is v2 already. A crash anywhere leaves
-// either the intact v1 file or the complete v2 file.
+// The v1 → v2 upgrade of docs/coli-kv.md "v1 → v2 upgrade": ConvertFile(path,
+// path, kV2) when the file is v1; OK and no change when it is v2 already. A
+// crash anywhere leaves either the intact v1 file or the complete v2 file.
 absl::Status UpgradeToV2(Env* env, const std::string& path);
 
 }  // namespace strata::kv

@@ -29,7 +29,7 @@
 namespace strata {
 
 struct EngineOptions {
-  // Cache dtype of the MLA rows (DESIGN.md §4). Default: float32.
+  // Cache dtype of the MLA rows (docs/design.md §4.1). Default: float32.
   KvDtype kv_dtype = KvDtype::kF32;
   // Quantise DSA indexer keys with the fp8 codec (one scale per key).
   bool fp8_indexer_keys = false;

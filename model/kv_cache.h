@@ -5,7 +5,7 @@
 // (kv_lora floats) and the roped key r (qk_rope floats) — and, for layers
 // that run a DSA indexer, the indexer key (index_head_dim floats). With
 // KvDtype::kFp8 the latent and rope parts are quantised per row exactly as
-// DESIGN.md §4 says; the codes and scales are kept (for export to .coli_kv
+// docs/design.md §4.3 says; the codes and scales are kept (for export to .coli_kv
 // v2) together with their dequantised values (what attention reads).
 // Indexer keys are float32 unless fp8 indexer keys are enabled, in which
 // case they go through the same codec (one scale per key).

@@ -11,7 +11,7 @@ writes reference logits and greedy continuations computed by transformers:
                           forward over the whole sequence)
 
 The fp8 KV reference replaces every cached MLA row (the kv_a_layernorm latent and the roped
-key) with dequant(quant(row)) exactly as docs/model-math.md §3.6 and DESIGN.md §4 specify.
+key) with dequant(quant(row)) exactly as docs/model-math.md §3.6 and docs/design.md §4.3 specify.
 One extra fixture stores DeepSeek's F8_E4M3 + weight_scale_inv (128x128 blocks) format; its
 references come from the dequantised weights.
 
@@ -158,7 +158,7 @@ def log(*args):
 
 
 def fp8_rows(x):
-    """dequant(quant(row)) over the last dim, DESIGN.md §4 arithmetic, float32 on the CPU."""
+    """dequant(quant(row)) over the last dim, docs/design.md §4.3 arithmetic, float32 on the CPU."""
     dev, dt = x.device, x.dtype
     xc = x.detach().to("cpu", torch.float32).contiguous()
     if STATE.jitter > 0:
@@ -664,7 +664,7 @@ def attempt(fx, seed, out_root, strict_jitter, tried):
             f"logits_*: one teacher-forced forward over `tokens`. greedy_*: {GREEDY_STEPS} argmax "
             f"tokens after greedy_prompt (tokens[:{PROMPT_LEN}]), each step a full forward of "
             f"prompt+generated, EOS ignored. fp8kv: every cached latent row (kv_a_layernorm output) "
-            f"and roped key row replaced by dequant(quant(row)) per DESIGN.md section 4, scaled "
+            f"and roped key row replaced by dequant(quant(row)) per docs/design.md section 4.3, scaled "
             f"separately; indexer keys float32. Seed accepted when: top-2 margin >= {MARGIN_REL} * "
             f"max|logit| at every teacher-forced position and greedy step (f32 and fp8kv); router "
             f"group/expert gaps >= {ROUTER_GAP_ABS}; DSA top-k boundary gap >= {DSA_GAP_REL} relative. "
@@ -734,7 +734,7 @@ def write_readme(out_root, rows):
         "  teacher-forced forward over `tokens`.",
         "",
         "The fp8 KV reference replaces each cached latent row and roped key row by",
-        "dequant(quant(row)) with the DESIGN.md §4 arithmetic; indexer keys stay f32. Seeds with a",
+        "dequant(quant(row)) with the docs/design.md §4.3 arithmetic; indexer keys stay f32. Seeds with a",
         "near tie (top-2 logit margin < 1e-3·max|logit|, router choice gap < 2e-5, DSA top-k",
         "boundary gap < 2e-5 relative) are skipped, and so are seeds whose fp8 KV oracle is fragile",
         "(perturbing the quantiser inputs by 3e-6 relative noise moves the fp8 logits by more than",

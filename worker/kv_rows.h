@@ -12,8 +12,8 @@
 // layer, i.e. increasing indexer slot), f32 k[index_head_dim].
 //
 // An fp8 SequenceKv keeps exactly these codes and scales, so encoding and
-// decoding are bit-exact; an f32 cache is quantised on encoding (DESIGN.md
-// §4) and a resume from the store is then not bit-exact.
+// decoding are bit-exact; an f32 cache is quantised on encoding
+// (docs/design.md §4.3) and a resume from the store is then not bit-exact.
 //
 // Thread-safety: pure functions; SliceLayout is an immutable value.
 #ifndef STRATA_WORKER_KV_ROWS_H_

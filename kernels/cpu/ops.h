@@ -4,7 +4,7 @@
 // a fixed reduction order that depends only on the vector length, never on
 // the batch size, the thread count or the scheduling. So a row computed
 // alone or beside other rows gives the same bits (batch invariance,
-// DESIGN.md §5).
+// docs/design.md §5.1).
 //
 // Thread-safety: pure functions; the ThreadPool argument may be shared.
 #ifndef STRATA_KERNELS_CPU_OPS_H_

@@ -1,6 +1,6 @@
 // DeepSeek Sparse Attention on the GPU: the lightning-indexer score over fp8
-// keys and the exact top-k selection (DESIGN.md §3 "DSA indexer", §5;
-// docs/gpu-kernels.md).
+// keys and the exact top-k selection (docs/design.md §3.4, §5.1;
+// docs/gpu-kernels.md "DSA indexer and top-k").
 //
 //   score[b,t] = sum_h w[b,h] * ReLU(q[b,h] . k_t)      t < seq_lens[b]
 //

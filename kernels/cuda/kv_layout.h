@@ -1,4 +1,4 @@
-// The paged fp8 KV cache on the device (DESIGN.md §4, docs/gpu-kernels.md
+// The paged fp8 KV cache on the device (docs/design.md §4.7, docs/gpu-kernels.md
 // "Paged KV layout") and its bit-exact conversion to and from `.coli_kv` v2
 // layer rows (docs/coli-kv.md "Records").
 //
@@ -33,7 +33,7 @@ inline constexpr size_t kPageLatentOffset = 0;
 inline constexpr size_t kPageRopeOffset = kPageTokens * kLatentDim;               // 32768
 inline constexpr size_t kPageScaleOffset = kPageRopeOffset + kPageTokens * kRopeDim;  // 36864
 inline constexpr size_t kPageBytes = kPageScaleOffset + kPageTokens * 2 * sizeof(float);
-static_assert(kPageBytes == 37376, "DESIGN.md §4 page size");
+static_assert(kPageBytes == 37376, "docs/design.md §4.7 page size");
 static_assert(kPageRopeOffset % 16 == 0 && kPageScaleOffset % 16 == 0 && kPageBytes % 16 == 0,
               "every array of a page starts 16-byte aligned");
 

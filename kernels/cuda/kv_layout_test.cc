@@ -1,4 +1,4 @@
-// Paged KV layout: byte offsets per DESIGN.md §4 and bit-exact conversion to
+// Paged KV layout: byte offsets per docs/design.md §4.7 and bit-exact conversion to
 // and from `.coli_kv` v2 layer rows. Runs without a GPU.
 #include "kernels/cuda/kv_layout.h"
 

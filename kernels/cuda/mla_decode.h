@@ -1,5 +1,5 @@
-// Absorbed MLA decode over the paged fp8 KV cache (DESIGN.md §3 "Absorbed MLA
-// decode", §5; docs/gpu-kernels.md). For each request b and head h, with one
+// Absorbed MLA decode over the paged fp8 KV cache (docs/design.md §3.3, §5.1;
+// docs/gpu-kernels.md "Absorbed MLA decode"). For each request b and head h, with one
 // query token:
 //
 //   s_t = softmax_scale * (q_abs[b,h] . c_t + q_pe[b,h] . r_t)

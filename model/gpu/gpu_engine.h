@@ -5,7 +5,7 @@
 // sequence and a sequence's numbers never depend on the rest of its batch.
 // The KV cache lives on the device in fp8 pages of 64 tokens
 // (kernels/cuda/layer_ops.h MlaPageLayout; for DeepSeek-V3 shapes the
-// 37 376-byte pages of DESIGN.md §4), indexer keys in fp8 index pages. Pages
+// 37 376-byte pages of docs/design.md §4.7), indexer keys in fp8 index pages. Pages
 // come from one pool whose size is fixed when the engine is created (the
 // placement budget); a step that needs more pages than are free fails with
 // RESOURCE_EXHAUSTED before it changes anything.
