@@ -13,7 +13,6 @@ namespace {
 
 constexpr int64_t kMaxNrec = std::numeric_limits<int32_t>::max();
 // Conversions move at most this many bytes of records per step.
-constexpr int64_t kCopyBytes = int64_t{16} << 20;
 
 absl::StatusOr<Header> ReadHeader(File* file, const std::string& path, uint64_t size) {
   char buf[kHeaderBytes];
@@ -290,7 +289,7 @@ absl::Status ColiKvWriter::Close() { return file_->Close(); }
 // ---------------------------------------------------------------- conversion
 
 absl::Status ConvertFile(Env* env, const std::string& in_path, const std::string& out_path,
-                         Version to) {
+                         Version to, int64_t copy_bytes) {
   ASSIGN_OR_RETURN(std::unique_ptr<ColiKvReader> in, ColiKvReader::Open(env, in_path));
   const RecordFormat format = to == Version::kV2 ? RecordFormat::kV2 : RecordFormat::kV1;
   Header h;
@@ -303,7 +302,7 @@ absl::Status ConvertFile(Env* env, const std::string& in_path, const std::string
     RETURN_IF_ERROR(out->Write(0, EncodeHeader(h)));
     const int64_t rb = in->RecordBytes(format);
     const int64_t step =
-        std::max<int64_t>(1, kCopyBytes / std::max(rb, in->layout().record_bytes()));
+        std::max<int64_t>(1, copy_bytes / std::max(rb, in->layout().record_bytes()));
     std::string buf;
     uint64_t offset = kHeaderBytes;
     for (int64_t p = 0; p < in->nrec(); p += step) {
@@ -319,12 +318,12 @@ absl::Status ConvertFile(Env* env, const std::string& in_path, const std::string
   return env->SyncDir(DirName(out_path));
 }
 
-absl::Status UpgradeToV2(Env* env, const std::string& path) {
+absl::Status UpgradeToV2(Env* env, const std::string& path, int64_t copy_bytes) {
   {
     ASSIGN_OR_RETURN(std::unique_ptr<ColiKvReader> r, ColiKvReader::Open(env, path));
     if (r->version() == Version::kV2) return absl::OkStatus();
   }
-  return ConvertFile(env, path, path, Version::kV2);
+  return ConvertFile(env, path, path, Version::kV2, copy_bytes);
 }
 
 }  // namespace strata::kv

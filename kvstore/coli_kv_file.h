@@ -159,14 +159,16 @@ class ColiKvWriter {
 // (RecordFormat::kV2, no sanitising, so checksums carry over); v2 → v1
 // sanitises and decodes; same version copies the committed records. A crash
 // leaves `out_path` either as it was or complete. in_path == out_path is
-// allowed (an in-place conversion).
+// allowed (an in-place conversion). Records are copied in writes of about
+// `copy_bytes` (at least one record each).
+inline constexpr int64_t kDefaultCopyBytes = int64_t{16} << 20;
 absl::Status ConvertFile(Env* env, const std::string& in_path, const std::string& out_path,
-                         Version to);
+                         Version to, int64_t copy_bytes = kDefaultCopyBytes);
 
 // The v1 → v2 upgrade of docs/coli-kv.md "v1 → v2 upgrade": ConvertFile(path,
 // path, kV2) when the file is v1; OK and no change when it is v2 already. A
 // crash anywhere leaves either the intact v1 file or the complete v2 file.
-absl::Status UpgradeToV2(Env* env, const std::string& path);
+absl::Status UpgradeToV2(Env* env, const std::string& path, int64_t copy_bytes = kDefaultCopyBytes);
 
 }  // namespace strata::kv
 
