@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev
   python3 python3-grpcio python3-grpc-tools
+  openssl
 )
 
 missing=()
