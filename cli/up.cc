@@ -104,25 +104,35 @@ std::string FindBinary(const std::string& bin_dir, const std::string& name, cons
   return "";
 }
 
-// Reads the first line of a pipe ("listening ADDRESS"), waiting at most `timeout`.
-std::string ReadListenLine(int fd, std::chrono::seconds timeout) {
+// The coordinator's addresses from its first lines on a pipe ("internal
+// ADDRESS", then "listening ADDRESS"), waiting at most `timeout`; empty
+// strings when they do not come.
+struct CoordinatorAddresses {
+  std::string internal, public_api;
+};
+CoordinatorAddresses ReadListenLines(int fd, std::chrono::seconds timeout) {
+  CoordinatorAddresses out;
   std::string line;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  while (std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline && out.public_api.empty()) {
     char c;
     ssize_t n = read(fd, &c, 1);
     if (n == 1) {
-      if (c == '\n') break;
-      line.push_back(c);
+      if (c != '\n') {
+        line.push_back(c);
+        continue;
+      }
+      if (line.rfind("internal ", 0) == 0) out.internal = line.substr(9);
+      if (line.rfind("listening ", 0) == 0) out.public_api = line.substr(10);
+      line.clear();
     } else if (n == 0) {
       break;
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  constexpr std::string_view kPrefix = "listening ";
-  return line.rfind(kPrefix, 0) == 0 ? line.substr(kPrefix.size()) : "";
+  return out;
 }
 
 }  // namespace
@@ -205,7 +215,8 @@ int Up(const std::vector<std::string>& args) {
     fs::create_directories(dir, ec);
     const std::string port_file = (fs::path(dir) / ".kvstore.port").string();
     fs::remove(port_file, ec);
-    pid_t pid = Spawn({kv_bin, "--dir=" + dir, "--listen=127.0.0.1:0", "--port_file=" + port_file}, -1);
+    pid_t pid =
+        Spawn({kv_bin, "--dir=" + dir, "--listen=127.0.0.1:0", "--port-file=" + port_file, "--insecure-cluster"}, -1);
     g_children.push_back({"strata-kvstore", pid});
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -224,8 +235,12 @@ int Up(const std::vector<std::string>& args) {
   }
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return Fail("pipe failed");
+  // Loopback only: plaintext and no tokens, explicitly (docs/deploy.md for
+  // a cluster on a network).
   std::vector<std::string> cargs = {coord_bin, "--model", model, "--listen", absl::StrCat("127.0.0.1:", *port),
-                                    "--workers", absl::StrCat(*workers), "--max-running", absl::StrCat(*max_running)};
+                                    "--internal-listen", "127.0.0.1:0", "--workers", absl::StrCat(*workers),
+                                    "--max-running", absl::StrCat(*max_running), "--insecure-cluster",
+                                    "--insecure-public", "--allow-unauthenticated"};
   if (!kv_address.empty()) cargs.insert(cargs.end(), {"--kvstore", kv_address});
   if (flags.Has("kv-dtype")) cargs.insert(cargs.end(), {"--kv-dtype", flags.Get("kv-dtype")});
   if (flags.Has("placement")) cargs.insert(cargs.end(), {"--placement", flags.Get("placement")});
@@ -233,15 +248,17 @@ int Up(const std::vector<std::string>& args) {
   pid_t cpid = Spawn(cargs, pipe_fds[1]);
   close(pipe_fds[1]);
   g_children.push_back({"strata-coordinator", cpid});
-  const std::string address = ReadListenLine(pipe_fds[0], std::chrono::seconds(30));
-  if (address.empty()) {
+  const CoordinatorAddresses addresses = ReadListenLines(pipe_fds[0], std::chrono::seconds(30));
+  const std::string& address = addresses.public_api;
+  if (address.empty() || addresses.internal.empty()) {
     StopAll();
     return Fail("strata-coordinator did not start (see its messages above)");
   }
   for (int i = 0; i < *workers; ++i) {
     const std::string name = absl::StrCat("w", i);
-    std::vector<std::string> wargs = {worker_bin, "--coordinator", address, "--name", name, "--threads",
-                                      absl::StrCat(*threads)};
+    std::vector<std::string> wargs = {worker_bin,          "--coordinator", addresses.internal, "--name", name,
+                                      "--threads",         absl::StrCat(*threads), "--model-root", model,
+                                      "--insecure-cluster"};
     if (gpu) {
       wargs.insert(wargs.end(), {"--device", "gpu", "--gpu-kv-bytes", flags.Get("gpu-kv-bytes", "1073741824"),
                                  "--gpu-gemm", gemm});

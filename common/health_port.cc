@@ -37,13 +37,11 @@ HealthPort::~HealthPort() {
 }
 
 void HealthPort::Set(const std::string& service, bool serving) {
-  for (grpc::HealthCheckServiceInterface* h : health_) {
-    if (service.empty()) {
-      h->SetServingStatus(serving);
-    } else {
-      h->SetServingStatus(service, serving);
-    }
-  }
+  for (grpc::HealthCheckServiceInterface* h : health_) h->SetServingStatus(service, serving);
+}
+
+void HealthPort::SetAll(bool serving) {
+  for (grpc::HealthCheckServiceInterface* h : health_) h->SetServingStatus(serving);
 }
 
 }  // namespace strata

@@ -30,9 +30,11 @@ class HealthPort {
 
   ~HealthPort();
 
-  // Sets `service` ("" for the whole server) SERVING or NOT_SERVING here and
-  // on every mirror.
+  // Sets `service` ("" for the server as a whole; the named services keep
+  // their own status) SERVING or NOT_SERVING here and on every mirror.
   void Set(const std::string& service, bool serving);
+  // Sets "" and every named service at once (shutting down).
+  void SetAll(bool serving);
   // The bound port; 0 without a port of its own.
   int port() const { return port_; }
 

@@ -53,7 +53,10 @@ TEST(HealthPortTest, ServesOnlyHealthAndFollowsSet) {
   std::string reply;
   ASSERT_TRUE(Call((*h)->port(), "/grpc.health.v1.Health/Check", Request(""), &reply).ok());
   EXPECT_EQ(reply, std::string(kNotServing, 2)) << "not ready until the daemon says so";
+  (*h)->Set("strata.v1.Test", false);
   (*h)->Set("", true);
+  ASSERT_TRUE(Call((*h)->port(), "/grpc.health.v1.Health/Check", Request("strata.v1.Test"), &reply).ok());
+  EXPECT_EQ(reply, std::string(kNotServing, 2)) << "the server as a whole is not every service";
   (*h)->Set("strata.v1.Test", true);
   ASSERT_TRUE(Call((*h)->port(), "/grpc.health.v1.Health/Check", Request(""), &reply).ok());
   EXPECT_EQ(reply, std::string(kServing, 2));
@@ -62,6 +65,10 @@ TEST(HealthPortTest, ServesOnlyHealthAndFollowsSet) {
   (*h)->Set("strata.v1.Test", false);
   ASSERT_TRUE(Call((*h)->port(), "/grpc.health.v1.Health/Check", Request("strata.v1.Test"), &reply).ok());
   EXPECT_EQ(reply, std::string(kNotServing, 2));
+  (*h)->Set("strata.v1.Test", true);
+  (*h)->SetAll(false);
+  ASSERT_TRUE(Call((*h)->port(), "/grpc.health.v1.Health/Check", Request("strata.v1.Test"), &reply).ok());
+  EXPECT_EQ(reply, std::string(kNotServing, 2)) << "SetAll reaches the named services";
   // Nothing but health: any other method is UNIMPLEMENTED.
   for (const char* method : {"/strata.v1.Coordinator/Register", "/strata.v1.KVStore/Delete", "/x/y"}) {
     EXPECT_EQ(Call((*h)->port(), method, "", &reply).error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;

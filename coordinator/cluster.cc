@@ -20,9 +20,9 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
 }
 
-std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
-  return v1::Worker::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), worker::InternalChannelArgs()));
+std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address,
+                                             const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  return v1::Worker::NewStub(worker::InternalChannel(address, credentials));
 }
 
 }  // namespace
@@ -221,8 +221,8 @@ absl::Status Cluster::PlaceAndAssign() {
     req.set_synthetic_seed(options_.synthetic_seed.value_or(0));
     req.set_threads(options_.worker_threads);
     const std::string address = alive[a.worker].address;
-    calls.push_back(std::async(std::launch::async, [req, address, s] {
-      auto stub = WorkerStub(address);
+    calls.push_back(std::async(std::launch::async, [req, address, s, creds = options_.credentials] {
+      auto stub = WorkerStub(address, creds);
       grpc::ClientContext ctx;
       ctx.set_deadline(In(absl::Seconds(300)));
       v1::AssignLayersResponse resp;
@@ -244,7 +244,7 @@ absl::Status Cluster::PlaceAndAssign() {
   }
   if (!failure.ok()) return failure;
   auto link = worker::StageLink::Open(
-      alive[plan->stages[0].worker].address, absl::StrCat("stage 0 (", alive[plan->stages[0].worker].name, ")"),
+      alive[plan->stages[0].worker].address, options_.credentials, absl::StrCat("stage 0 (", alive[plan->stages[0].worker].name, ")"),
       absl::Seconds(3), [this, epoch](v1::StageResult&& r) {
         if (r.code() == static_cast<int>(absl::StatusCode::kUnavailable)) {
           // A stage lost its successor: the whole pipeline must be re-formed.
@@ -342,14 +342,14 @@ std::vector<v1::StageStats> Cluster::StageStats() {
   std::vector<StageView> st = stages();
   std::vector<std::future<v1::StageStats>> calls;
   for (size_t i = 0; i < st.size(); ++i) {
-    calls.push_back(std::async(std::launch::async, [i, v = st[i]] {
+    calls.push_back(std::async(std::launch::async, [i, v = st[i], creds = options_.credentials] {
       v1::StageStats s;
       s.set_stage(static_cast<int>(i));
       s.set_worker(v.worker);
       s.set_address(v.address);
       s.set_layer_begin(v.layer_begin);
       s.set_layer_end(v.layer_end);
-      auto stub = WorkerStub(v.address);
+      auto stub = WorkerStub(v.address, creds);
       grpc::ClientContext ctx;
       ctx.set_deadline(In(absl::Seconds(1)));
       v1::WorkerStatsResponse r;

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
 #include "strata/v1/generation.pb.h"
@@ -57,6 +58,8 @@ struct ClusterOptions {
   int worker_threads = 0;          // engine threads per worker (0: the worker's default)
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration down_after = absl::Seconds(3);
+  // Channels to the other daemons of the cluster (common/cluster_security.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
 };
 
 struct WorkerInfo {

@@ -1,6 +1,7 @@
 #include "coordinator/generation_service.h"
 
 #include <deque>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -8,6 +9,13 @@
 
 namespace strata::coordinator {
 namespace {
+
+// The value of the call's `authorization` metadata; empty when absent.
+absl::string_view Authorization(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find("authorization");
+  return it == md.end() ? absl::string_view() : absl::string_view(it->second.data(), it->second.size());
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -44,6 +52,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   explicit GenerateReactor(Scheduler* scheduler) : scheduler_(scheduler), handle_(std::make_shared<Handle>(this)) {}
 
   std::shared_ptr<Handle> handle() { return handle_; }
+  // The caller's concurrent-stream slot, released when the stream is done.
+  void Hold(ApiAuth::Slot slot) { slot_.emplace(std::move(slot)); }
 
   // Ends the RPC at once (before it was admitted).
   void Reject(const absl::Status& s) { Close(ToGrpc(s)); }
@@ -110,6 +120,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   Scheduler* const scheduler_;
   std::shared_ptr<Handle> handle_;
+  std::optional<ApiAuth::Slot> slot_;
   std::mutex mu_;
   std::deque<v1::GenerateResponse> out_;  // front is being written
   bool closed_ = false;
@@ -121,8 +132,20 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 }  // namespace
 
 GenerationService::GenerationService(const ModelContext* model, Scheduler* scheduler, Cluster* cluster,
-                                     SessionManager* sessions)
-    : model_(model), scheduler_(scheduler), cluster_(cluster), sessions_(sessions), seeds_(std::random_device{}()) {}
+                                     SessionManager* sessions, ApiAuth* auth)
+    : model_(model),
+      scheduler_(scheduler),
+      cluster_(cluster),
+      sessions_(sessions),
+      auth_(auth),
+      seeds_(std::random_device{}()) {}
+
+absl::StatusOr<std::string> GenerationService::Caller(const grpc::CallbackServerContext* ctx) {
+  absl::StatusOr<std::string> caller = auth_->Authenticate(Authorization(ctx));
+  if (!caller.ok()) return caller.status();
+  if (absl::Status st = auth_->Admit(*caller); !st.ok()) return st;
+  return caller;
+}
 
 GenerationService::~GenerationService() { Drain(); }
 
@@ -141,6 +164,17 @@ void GenerationService::Detach(std::function<void()> fn) {
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc::CallbackServerContext* ctx,
                                                                           const v1::GenerateRequest* req) {
   auto* reactor = new GenerateReactor(scheduler_);
+  absl::StatusOr<std::string> caller = auth_->Authenticate(Authorization(ctx));
+  if (!caller.ok()) {
+    reactor->Reject(caller.status());
+    return reactor;
+  }
+  absl::StatusOr<ApiAuth::Slot> slot = auth_->AdmitStream(*caller);
+  if (!slot.ok()) {
+    reactor->Reject(slot.status());
+    return reactor;
+  }
+  reactor->Hold(std::move(*slot));
   uint64_t seed;
   {
     std::lock_guard<std::mutex> l(seed_mu_);
@@ -151,6 +185,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc
     reactor->Reject(spec.status());
     return reactor;
   }
+  spec->owner = *caller;
   if (!sessions_->persistent()) spec->persist = false;
   std::optional<absl::Time> deadline;
   const auto d = ctx->deadline();
@@ -181,11 +216,16 @@ absl::Status GenerationService::Submit(RequestSpec spec, std::shared_ptr<Generat
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,
                                                    v1::AbortResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::string> caller = Caller(ctx);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   if (req->request_id().empty()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
     return reactor;
   }
-  resp->set_found(scheduler_->Abort(req->request_id()));
+  resp->set_found(scheduler_->Abort(req->request_id(), *caller));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -193,6 +233,10 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* GenerationService::SaveSession(grpc::CallbackServerContext* ctx,
                                                          const v1::SaveSessionRequest* req, v1::SessionState* resp) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::StatusOr<std::string> caller = Caller(ctx); !caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   absl::Time deadline = absl::InfiniteFuture();
   if (ctx->deadline() < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
     deadline = absl::FromChrono(ctx->deadline());
@@ -209,6 +253,10 @@ grpc::ServerUnaryReactor* GenerationService::ResumeSession(grpc::CallbackServerC
                                                            const v1::ResumeSessionRequest* req,
                                                            v1::SessionState* resp) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::StatusOr<std::string> caller = Caller(ctx); !caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   Detach([this, reactor, req, resp] {
     absl::StatusOr<v1::SessionState> s = sessions_->Resume(req->session_id());
     if (s.ok()) *resp = std::move(*s);
@@ -221,6 +269,10 @@ grpc::ServerUnaryReactor* GenerationService::ListSessions(grpc::CallbackServerCo
                                                           const v1::ListSessionsRequest* req,
                                                           v1::ListSessionsResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::StatusOr<std::string> caller = Caller(ctx); !caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   Detach([this, reactor, req, resp] {
     absl::StatusOr<std::vector<v1::SessionState>> list = sessions_->List(req->prefix());
     if (list.ok()) {
@@ -235,6 +287,10 @@ grpc::ServerUnaryReactor* GenerationService::DeleteSession(grpc::CallbackServerC
                                                            const v1::DeleteSessionRequest* req,
                                                            v1::DeleteSessionResponse*) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::StatusOr<std::string> caller = Caller(ctx); !caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   Detach([this, reactor, req] { reactor->Finish(ToGrpc(sessions_->Delete(req->session_id()))); });
   return reactor;
 }
@@ -242,6 +298,10 @@ grpc::ServerUnaryReactor* GenerationService::DeleteSession(grpc::CallbackServerC
 grpc::ServerUnaryReactor* GenerationService::Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest*,
                                                    v1::StatsResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::StatusOr<std::string> caller = Caller(ctx); !caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   // Asking the workers takes a round trip each: off the gRPC thread.
   Detach([this, reactor, resp] {
     SchedulerStats s = scheduler_->Stats();

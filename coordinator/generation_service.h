@@ -1,7 +1,9 @@
 // The coordinator's gRPC services (callback API; docs/protocol.md):
 //   strata.v1.Generation  — Generate (one GenerateReactor per stream), Abort,
-//                           sessions, Stats;
-//   strata.v1.Coordinator — Register / Heartbeat for workers.
+//                           sessions, Stats: the public port, every call
+//                           authenticated and limited by ApiAuth;
+//   strata.v1.Coordinator — Register / Heartbeat for workers: the internal
+//                           port only (docs/deploy.md, "Ports").
 //
 // Thread-safety: gRPC calls these from its threads; the Scheduler, Cluster
 // and SessionTable they use are thread-safe.
@@ -13,6 +15,7 @@
 #include <memory>
 #include <random>
 
+#include "coordinator/api_auth.h"
 #include "coordinator/cluster.h"
 #include "coordinator/request.h"
 #include "coordinator/scheduler.h"
@@ -27,7 +30,8 @@ namespace strata::coordinator {
 class GenerationService final : public v1::Generation::CallbackService {
  public:
   // REQUIRES: every pointer outlives the service.
-  GenerationService(const ModelContext* model, Scheduler* scheduler, Cluster* cluster, SessionManager* sessions);
+  GenerationService(const ModelContext* model, Scheduler* scheduler, Cluster* cluster, SessionManager* sessions,
+                    ApiAuth* auth);
   // Waits (a few seconds at most) for calls still running on helper threads.
   ~GenerationService() override;
   // The same wait, for shutting down before the scheduler and the cluster go.
@@ -49,6 +53,9 @@ class GenerationService final : public v1::Generation::CallbackService {
                                   v1::StatsResponse* resp) override;
 
  private:
+  // The authenticated caller of ctx, admitted against its request rate;
+  // UNAUTHENTICATED or RESOURCE_EXHAUSTED otherwise.
+  absl::StatusOr<std::string> Caller(const grpc::CallbackServerContext* ctx);
   // Runs fn on a helper thread (calls that block on the KV store or the
   // stages must not hold a gRPC callback thread).
   void Detach(std::function<void()> fn);
@@ -60,6 +67,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   Scheduler* const scheduler_;
   Cluster* const cluster_;
   SessionManager* const sessions_;
+  ApiAuth* const auth_;
   std::atomic<int> helpers_{0};
   std::mutex seed_mu_;
   std::mt19937_64 seeds_;  // guarded by seed_mu_

@@ -27,13 +27,14 @@ KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint, uint64_t
   return s;
 }
 
-KvSessionClient::KvSessionClient(std::string address, KvSessionShape shape, absl::Duration timeout)
+KvSessionClient::KvSessionClient(std::string address, KvSessionShape shape,
+                                 std::shared_ptr<grpc::ChannelCredentials> credentials, absl::Duration timeout)
     : address_(std::move(address)), shape_(std::move(shape)), timeout_(timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ = v1::KVStore::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  stub_ = v1::KVStore::NewStub(grpc::CreateCustomChannel(address_, std::move(credentials), args));
 }
 
 void KvSessionClient::SetDeadline(grpc::ClientContext* ctx) const {

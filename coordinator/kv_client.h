@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "model/config.h"
 #include "strata/v1/kvstore.grpc.pb.h"
 
@@ -40,7 +41,9 @@ KvSessionShape ShapeOf(const ModelConfig& config, uint64_t fingerprint, uint64_t
 
 class KvSessionClient {
  public:
-  KvSessionClient(std::string address, KvSessionShape shape, absl::Duration timeout = absl::Seconds(10));
+  KvSessionClient(std::string address, KvSessionShape shape,
+                  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials(),
+                  absl::Duration timeout = absl::Seconds(10));
 
   const std::string& address() const { return address_; }
   const KvSessionShape& shape() const { return shape_; }

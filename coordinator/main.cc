@@ -1,19 +1,33 @@
-// strata-coordinator: the public API of a Strata cluster (docs/service.md).
+// strata-coordinator: the public API of a Strata cluster (docs/service.md;
+// ports, TLS and tokens in docs/deploy.md).
 //
-//   strata-coordinator --model DIR [--listen 127.0.0.1:50051] [--workers N]
-//                      [--kvstore HOST:PORT] [--placement 0-1:w0,2-3:w1]
+//   strata-coordinator --model DIR [--listen 127.0.0.1:50051] [--internal-listen 127.0.0.1:50052]
+//                      [--workers N] [--kvstore HOST:PORT] [--placement 0-1:w0,2-3:w1]
+//                      (--tls-cert F --tls-key F | --insecure-public)
+//                      (--api-tokens F | --allow-unauthenticated)
+//                      (--cluster-ca F --cluster-cert F --cluster-key F | --insecure-cluster)
 //
-// Prints "listening ADDRESS" once serving; readiness is published on
-// grpc.health.v1 under "strata.v1.Generation". Stops on SIGINT / SIGTERM.
+// Prints "internal ADDRESS" (where workers register) and then "listening
+// ADDRESS" (the public API) once serving; readiness is published on
+// grpc.health.v1 under "strata.v1.Generation". SIGINT / SIGTERM drain: readiness
+// goes false, no new requests, running ones finish up to --drain-timeout-s; a
+// second signal exits at once.
+#include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_security.h"
 #include "common/flags.h"
+#include "common/health_port.h"
+#include "common/status_macros.h"
 #include "common/thread_pool.h"
+#include "coordinator/api_auth.h"
 #include "coordinator/cluster.h"
 #include "coordinator/generation_service.h"
 #include "coordinator/request.h"
@@ -30,9 +44,61 @@ namespace {
 
 constexpr const char* kUsage = "usage: strata-coordinator --model DIR [flags]\n";
 
+// Largest request messages: a Generate request carries a prompt (text or
+// token ids); Register/Heartbeat are small.
+constexpr int kMaxPublicMessageBytes = 16 << 20;
+constexpr int kMaxInternalMessageBytes = 1 << 20;
+
 int Usage(const std::string& msg, const strata::FlagSet& flags) {
   std::fprintf(stderr, "strata-coordinator: %s\n\n%s%s", msg.c_str(), kUsage, flags.Help().c_str());
   return 2;
+}
+
+// The coordinator's transport security and its callers (docs/deploy.md).
+struct Security {
+  strata::ClusterCredentials cluster = strata::ClusterCredentials::Insecure();
+  std::shared_ptr<grpc::ServerCredentials> public_credentials;
+  std::unique_ptr<strata::coordinator::ApiAuth> auth;
+};
+
+absl::StatusOr<Security> SecurityFromFlags(const strata::FlagSet& flags) {
+  Security s;
+  ASSIGN_OR_RETURN(s.cluster, strata::ClusterCredentialsFromFlags(flags, "strata-coordinator"));
+  const bool tls = flags.Has("tls-cert") || flags.Has("tls-key");
+  if (tls == flags.Has("insecure-public")) {
+    return absl::InvalidArgumentError(
+        "the public API needs TLS (--tls-cert and --tls-key) or an explicit --insecure-public, not both");
+  }
+  if (tls) {
+    ASSIGN_OR_RETURN(s.public_credentials, strata::PublicServerCredentials(flags.Get("tls-cert"), flags.Get("tls-key")));
+  } else {
+    s.public_credentials = grpc::InsecureServerCredentials();
+    std::fprintf(stderr, "strata-coordinator: WARNING: --insecure-public: the public API is plaintext\n");
+  }
+  strata::coordinator::ApiAuthOptions ao;
+  auto concurrent = flags.GetInt("max-concurrent-per-token", ao.max_concurrent);
+  auto rps = flags.GetDouble("max-rps-per-token", ao.max_rps);
+  if (!concurrent.ok() || *concurrent < 0 || *concurrent > 1000000) {
+    return absl::InvalidArgumentError("--max-concurrent-per-token must be in [0, 1000000]");
+  }
+  if (!rps.ok() || !(*rps >= 0) || *rps > 1e6) {
+    return absl::InvalidArgumentError("--max-rps-per-token must be in [0, 1000000]");
+  }
+  ao.max_concurrent = static_cast<int>(*concurrent);
+  ao.max_rps = *rps;
+  if (flags.Has("api-tokens") == flags.Has("allow-unauthenticated")) {
+    return absl::InvalidArgumentError(
+        "the public API needs tokens (--api-tokens FILE) or an explicit --allow-unauthenticated, not both");
+  }
+  if (flags.Has("api-tokens")) {
+    ASSIGN_OR_RETURN(const std::string text, strata::ReadSecretFile(flags.Get("api-tokens"), "--api-tokens"));
+    ASSIGN_OR_RETURN(s.auth, strata::coordinator::ApiAuth::FromTokens(text, ao));
+  } else {
+    s.auth = strata::coordinator::ApiAuth::Anonymous(ao);
+    std::fprintf(stderr, "strata-coordinator: WARNING: --allow-unauthenticated: anyone who reaches the public "
+                         "port may generate\n");
+  }
+  return s;
 }
 
 }  // namespace
@@ -41,7 +107,18 @@ int main(int argc, char** argv) {
   using namespace strata::coordinator;
   strata::FlagSet flags;
   flags.Declare("model", "model directory (config.json, safetensors, tokenizer.json), readable by every worker");
-  flags.Declare("listen", "address to serve on (default 127.0.0.1:50051; port 0 picks a free port)");
+  flags.Declare("listen", "public API address: strata.v1.Generation (default 127.0.0.1:50051; port 0: any free port)");
+  flags.Declare("internal-listen", "address for the workers: strata.v1.Coordinator, mutual TLS (default 127.0.0.1:50052)");
+  flags.Declare("health-listen", "plaintext address serving only grpc.health.v1, for probes (default: none)");
+  flags.Declare("tls-cert", "PEM certificate of the public API port");
+  flags.Declare("tls-key", "PEM key of --tls-cert");
+  flags.Declare("insecure-public", "serve the public API in plaintext (development only)", true);
+  flags.Declare("api-tokens", "file of NAME:TOKEN lines; callers send `authorization: Bearer TOKEN`");
+  flags.Declare("allow-unauthenticated", "serve the public API without tokens (development only)", true);
+  flags.Declare("max-concurrent-per-token", "Generate streams one token may have open (default 64; 0: no limit)");
+  flags.Declare("max-rps-per-token", "requests per second one token may start (default 0: no limit)");
+  flags.Declare("drain-timeout-s", "on SIGTERM, running requests get this long to finish (default 30)");
+  strata::DeclareClusterSecurityFlags(flags);
   flags.Declare("workers", "workers to place the model over (default 1)");
   flags.Declare("min-workers", "place over fewer workers when only this many are alive (default: --workers)");
   flags.Declare("placement", "manual placement, e.g. 0-30:w0,31-60:w1 (default: balanced by memory)");
@@ -88,6 +165,11 @@ int main(int argc, char** argv) {
     synthetic_seed = static_cast<uint64_t>(*seed);
   }
 
+  auto drain = flags.GetInt("drain-timeout-s", 30);
+  if (!drain.ok() || *drain < 0 || *drain > 86400) return Usage("--drain-timeout-s must be in [0, 86400]", flags);
+  absl::StatusOr<Security> security = SecurityFromFlags(flags);
+  if (!security.ok()) return Usage(std::string(security.status().message()), flags);
+
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -128,7 +210,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "strata-coordinator: model digest %016llx (%.1f MB read)\n",
                    static_cast<unsigned long long>(*digest), static_cast<double>(stats.bytes_read) / 1e6);
     }
-    store = std::make_unique<KvSessionClient>(co.kvstore_address, std::move(shape));
+    store = std::make_unique<KvSessionClient>(co.kvstore_address, std::move(shape), security->cluster.channel());
     std::fprintf(stderr,
                  "strata-coordinator: sessions persist in the KV store at %s (model fingerprint %016llx, %s)\n",
                  co.kvstore_address.c_str(), static_cast<unsigned long long>(ids->fingerprint),
@@ -138,6 +220,7 @@ int main(int argc, char** argv) {
   co.placement.max_context = *max_context > 0 ? *max_context : (*model)->config.max_position_embeddings;
   co.worker_threads = static_cast<int>(*wthreads);
   co.down_after = absl::Milliseconds(*down_ms);
+  co.credentials = security->cluster.channel();
   auto cluster = Cluster::Create(co);
   if (!cluster.ok()) {
     std::fprintf(stderr, "strata-coordinator: %s\n", std::string(cluster.status().message()).c_str());
@@ -149,19 +232,25 @@ int main(int argc, char** argv) {
   so.max_queued = static_cast<int>(*max_queued);
   so.prefill_chunk = static_cast<int>(*chunk);
   auto scheduler = std::make_unique<Scheduler>(so, model->get(), cluster->get(), &sessions);
-  SessionManager manager(SessionManagerOptions{}, &sessions, scheduler.get(), cluster->get(), std::move(store));
+  SessionManagerOptions smo;
+  smo.credentials = security->cluster.channel();
+  SessionManager manager(smo, &sessions, scheduler.get(), cluster->get(), std::move(store));
   scheduler->SetTurnListener([&manager](const TurnEnd& t) { manager.OnTurnEnd(t); });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  auto generation = std::make_unique<GenerationService>(model->get(), scheduler.get(), cluster->get(), &manager);
+  auto generation = std::make_unique<GenerationService>(model->get(), scheduler.get(), cluster->get(), &manager,
+                                                        security->auth.get());
   CoordinatorService membership(cluster->get());
-  grpc::ServerBuilder builder;
-  int port = 0;
+  // Two ports: the public API, and the cluster's internal one where workers
+  // register (never answered on the public port).
+  int port = 0, internal_port = 0;
   const std::string listen = flags.Get("listen", "127.0.0.1:50051");
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  const std::string internal_listen = flags.Get("internal-listen", "127.0.0.1:50052");
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, security->public_credentials, &port);
   builder.RegisterService(generation.get());
-  builder.RegisterService(&membership);
+  builder.SetMaxReceiveMessageSize(kMaxPublicMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -169,21 +258,60 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "strata-coordinator: cannot listen on %s\n", listen.c_str());
     return 1;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus("strata.v1.Generation", false);
-  (*cluster)->Start(scheduler.get(), [health](bool ready) { health->SetServingStatus("strata.v1.Generation", ready); });
+  grpc::ServerBuilder internal_builder;
+  internal_builder.AddListeningPort(internal_listen, security->cluster.server(), &internal_port);
+  internal_builder.RegisterService(&membership);
+  internal_builder.SetMaxReceiveMessageSize(kMaxInternalMessageBytes);
+  std::unique_ptr<grpc::Server> internal = internal_builder.BuildAndStart();
+  if (!internal || internal_port == 0) {
+    std::fprintf(stderr, "strata-coordinator: cannot listen on %s (--internal-listen)\n", internal_listen.c_str());
+    return 1;
+  }
+  auto health = strata::HealthPort::Start(flags.Get("health-listen"),
+                                          {server->GetHealthCheckService(), internal->GetHealthCheckService()});
+  if (!health.ok()) {
+    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(health.status().message()).c_str());
+    return 1;
+  }
+  (*health)->Set("strata.v1.Generation", false);
+  (*health)->Set("", true);  // the process is up; "strata.v1.Generation" says whether it serves
+  std::atomic<bool> draining{false};
+  strata::HealthPort* h = health->get();
+  (*cluster)->Start(scheduler.get(), [h, &draining](bool ready) { h->Set("strata.v1.Generation", ready && !draining); });
+  std::printf("internal %s:%d\n", internal_listen.substr(0, internal_listen.rfind(':')).c_str(), internal_port);
   std::printf("listening %s:%d\n", listen.substr(0, listen.rfind(':')).c_str(), port);
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "strata-coordinator: signal %d, stopping\n", sig);
-  health->Shutdown();
+  // Drain: readiness false, no new admissions, the running requests finish
+  // (their sessions commit as turns end) until the deadline; a second
+  // signal exits at once.
+  draining = true;
+  h->Set("strata.v1.Generation", false);
+  scheduler->StopAdmitting();
+  std::fprintf(stderr, "strata-coordinator: signal %d, draining (up to %lld s)\n", sig, static_cast<long long>(*drain));
+  std::thread([set] {
+    int again = 0;
+    sigwait(&set, &again);
+    std::fprintf(stderr, "strata-coordinator: second signal %d, exiting now\n", again);
+    std::_Exit(1);
+  }).detach();
+  const absl::Time deadline = absl::Now() + absl::Seconds(*drain);
+  while (absl::Now() < deadline) {
+    const SchedulerStats st = scheduler->Stats();
+    if (st.running == 0 && st.queued == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::fprintf(stderr, "strata-coordinator: stopping\n");
+  h->SetAll(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  internal->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   generation->Drain();  // helper threads use the scheduler and the cluster
   (*cluster)->Stop();   // its stream reader reports to the scheduler
   scheduler.reset();
   server->Wait();
+  internal->Wait();
   generation.reset();
   cluster->reset();
   return 0;

@@ -35,7 +35,12 @@ absl::StatusOr<std::unique_ptr<ModelContext>> LoadModelContext(const std::string
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
 struct RequestSpec {
+  // The client's id, or (when it names none) an unguessable one the
+  // scheduler draws. Unique among the running requests of one owner.
   std::string request_id;
+  // Who started it: the caller's API token name ("" without tokens). Abort
+  // reaches only requests of the same owner.
+  std::string owner;
   std::vector<int> prompt;      // may be empty only with continue_turn
   SamplingParams sampling;      // seed always set; max_tokens set or unset as asked
   std::string session_id;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 
@@ -33,6 +34,15 @@ struct Scheduler::Request {
 };
 
 namespace {
+
+// "req-" and 128 bits from the system's random source (/dev/urandom):
+// another caller cannot guess a running request's id.
+std::string NewRequestId() {
+  std::random_device rd;
+  std::string id = "req-";
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(rd(), absl::kZeroPad8));
+  return id;
+}
 
 v1::StageSampling ToStage(const SamplingParams& p) {
   v1::StageSampling s;
@@ -74,6 +84,7 @@ absl::Status Scheduler::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> s
                                std::optional<absl::Time> deadline) {
   std::lock_guard<std::mutex> l(mu_);
   if (stop_) return absl::UnavailableError("the coordinator is shutting down");
+  if (draining_) return absl::UnavailableError("the coordinator is draining (shutting down); retry on another replica");
   if (!up_) {
     return absl::UnavailableError("the cluster is not ready: a stage is missing or its layers are loading; retry shortly");
   }
@@ -84,9 +95,9 @@ absl::Status Scheduler::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> s
                                                      options_.max_queued, "); retry later"));
   }
   const uint64_t key = next_request_++;
-  if (spec.request_id.empty()) spec.request_id = absl::StrCat("req-", key);
+  if (spec.request_id.empty()) spec.request_id = NewRequestId();
   for (const auto& [k, r] : requests_) {
-    if (r->spec.request_id == spec.request_id && !r->finished) {
+    if (r->spec.request_id == spec.request_id && r->spec.owner == spec.owner && !r->finished) {
       return absl::AlreadyExistsError(absl::StrCat("request_id '", spec.request_id, "' is already running"));
     }
   }
@@ -189,10 +200,15 @@ void Scheduler::Cancel(const GenerateSink* sink) {
   cv_.notify_all();
 }
 
-bool Scheduler::Abort(const std::string& request_id) {
+void Scheduler::StopAdmitting() {
+  std::lock_guard<std::mutex> l(mu_);
+  draining_ = true;
+}
+
+bool Scheduler::Abort(const std::string& request_id, const std::string& owner) {
   std::lock_guard<std::mutex> l(mu_);
   for (auto& [k, r] : requests_) {
-    if (r->spec.request_id == request_id && !r->finished) {
+    if (r->spec.request_id == request_id && r->spec.owner == owner && !r->finished) {
       FinishLocked(*r, v1::FINISH_REASON_ABORT, absl::OkStatus());
       cv_.notify_all();
       return true;

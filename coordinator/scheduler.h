@@ -97,8 +97,12 @@ class Scheduler {
   absl::Status Submit(RequestSpec spec, std::shared_ptr<GenerateSink> sink, std::optional<absl::Time> deadline);
   // The client went away: drop the request without a final message.
   void Cancel(const GenerateSink* sink);
-  // Ends a request with finish_reason abort. False when no such request.
-  bool Abort(const std::string& request_id);
+  // Draining (SIGTERM): from now on Submit answers UNAVAILABLE; the requests
+  // admitted already run to their end.
+  void StopAdmitting();
+  // Ends a request of `owner` with finish_reason abort. False when that owner
+  // has no such request running (another owner's request is not touched).
+  bool Abort(const std::string& request_id, const std::string& owner = "");
 
   // Frees a sequence on every stage (in-band, with the next batch).
   void FreeSequence(uint64_t seq_id);
@@ -137,6 +141,7 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool draining_ = false;
   bool up_ = false;
   int num_stages_ = 1;
   int64_t epoch_ = 0;

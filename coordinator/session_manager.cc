@@ -16,10 +16,6 @@
 namespace strata::coordinator {
 namespace {
 
-std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
-  return v1::Worker::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), worker::InternalChannelArgs()));
-}
 
 // "POSITION:TOKEN" -> (position, token).
 std::optional<std::pair<int64_t, int>> ParsePending(const v1::SessionInfo& info) {
@@ -228,11 +224,11 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
     req.set_append_from(keep);
     const std::string address = stage.address;
     const absl::Duration timeout = options_.load_timeout;
-    calls.push_back(std::async(std::launch::async, [req, address, timeout] {
+    calls.push_back(std::async(std::launch::async, [req, address, timeout, creds = options_.credentials] {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
       v1::LoadSessionResponse resp;
-      grpc::Status st = WorkerStub(address)->LoadSession(&ctx, req, &resp);
+      grpc::Status st = v1::Worker::NewStub(worker::InternalChannel(address, creds))->LoadSession(&ctx, req, &resp);
       return std::make_pair(st, resp);
     }));
   }
@@ -289,7 +285,7 @@ void SessionManager::FreeOnStages(uint64_t seq_id, const std::vector<Cluster::St
     v1::FreeSequencesRequest req;
     req.add_seq_ids(seq_id);
     v1::FreeSequencesResponse resp;
-    WorkerStub(stage.address)->FreeSequences(&ctx, req, &resp);  // best effort: a new epoch forgets it anyway
+    v1::Worker::NewStub(worker::InternalChannel(stage.address, options_.credentials))->FreeSequences(&ctx, req, &resp);  // best effort: a new epoch forgets it anyway
   }
 }
 

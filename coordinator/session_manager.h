@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "coordinator/cluster.h"
 #include "coordinator/kv_client.h"
 #include "coordinator/request.h"
@@ -57,6 +58,8 @@ struct SessionManagerOptions {
   absl::Duration load_timeout = absl::Seconds(300);
   // A turn's watermark is dropped when its rows are not committed by then.
   absl::Duration finalize_timeout = absl::Seconds(120);
+  // Channels to the other daemons of the cluster (common/cluster_security.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
 };
 
 inline constexpr char kPendingKey[] = "strata.pending";

@@ -117,7 +117,7 @@ class Core : public std::enable_shared_from_this<Core> {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(options_.address, options_.credentials, args);
     stub_ = v1::KVStore::NewStub(channel_);
   }
 

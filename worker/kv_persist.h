@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "model/kv_cache.h"
 #include "worker/kv_rows.h"
 
@@ -36,6 +37,8 @@ namespace strata::worker {
 
 struct KvStoreClientOptions {
   std::string address;  // host:port of strata-kvstore
+  // The channel's credentials (common/cluster_security.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   // Rows per AppendRows message are limited to about this many bytes.
   size_t max_message_bytes = size_t{1} << 20;
   // An appender whose uncommitted rows exceed this fails (the store is not

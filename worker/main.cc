@@ -1,16 +1,24 @@
 // strata-worker: hosts one pipeline stage (docs/service.md, "Worker").
 //
-//   strata-worker --coordinator HOST:PORT [--listen 127.0.0.1:0] [--name w0]
+//   strata-worker --coordinator HOST:PORT --model-root DIR [--listen 127.0.0.1:0] [--name w0]
+//                 (--cluster-ca FILE --cluster-cert FILE --cluster-key FILE | --insecure-cluster)
 //
-// Prints "listening ADDRESS" once serving, registers with the coordinator,
-// and stops cleanly on SIGINT / SIGTERM.
+// Prints "listening ADDRESS" once serving, registers with the coordinator's
+// internal port, and stops on SIGINT / SIGTERM: readiness goes false and
+// running calls get --drain-timeout-s before they are cancelled
+// (docs/deploy.md).
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_security.h"
 #include "common/flags.h"
+#include "common/health_port.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -30,7 +38,11 @@ int Usage(const std::string& msg, const strata::FlagSet& flags) {
 
 int main(int argc, char** argv) {
   strata::FlagSet flags;
-  flags.Declare("coordinator", "address of strata-coordinator (HOST:PORT)");
+  flags.Declare("coordinator", "address of strata-coordinator's internal port (HOST:PORT)");
+  flags.Declare("model-root", "load only model directories under this one (AssignLayers names the model)");
+  flags.Declare("health-listen", "plaintext address serving only grpc.health.v1, for probes (default: none)");
+  flags.Declare("drain-timeout-s", "on SIGTERM, running calls get this long before they are cancelled (default 5)");
+  strata::DeclareClusterSecurityFlags(flags);
   flags.Declare("listen", "address to serve strata.v1.Worker on (default 127.0.0.1:0: any free port)");
   flags.Declare("advertise", "address the coordinator and the previous stage dial (default: the listen address)");
   flags.Declare("name", "worker name used in placement overrides and messages (default: the address)");
@@ -98,16 +110,23 @@ int main(int argc, char** argv) {
   ho.gpu_options.round_gemm_inputs = gemm == "bf16-rounded";
   ho.gpu_options.device = static_cast<int>(*gpu_index);
   ho.gpu_options.kv_cache_bytes = *kv_bytes;
+  if (!flags.Has("model-root")) return Usage("--model-root is required: the directory holding the models to serve", flags);
+  auto drain = flags.GetInt("drain-timeout-s", 5);
+  if (!drain.ok() || *drain < 0 || *drain > 3600) return Usage("--drain-timeout-s must be in [0, 3600]", flags);
+  auto creds = strata::ClusterCredentialsFromFlags(flags, "strata-worker");
+  if (!creds.ok()) return Usage(std::string(creds.status().message()), flags);
+  ho.credentials = creds->channel();
+  ho.model_root = flags.Get("model-root");
   auto host = std::make_unique<strata::worker::StageHost>(ho);
-  grpc::Server* server_ptr = nullptr;
-  strata::worker::WorkerService service(host.get(), [&server_ptr](bool ready) {
-    if (server_ptr) {
-      server_ptr->GetHealthCheckService()->SetServingStatus("strata.v1.Worker", ready);
-    }
+  std::unique_ptr<strata::HealthPort> health;
+  std::mutex health_mu;
+  strata::worker::WorkerService service(host.get(), [&](bool ready) {
+    std::lock_guard<std::mutex> l(health_mu);
+    if (health) health->Set("strata.v1.Worker", ready);
   });
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, creds->server(), &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(8 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
@@ -117,14 +136,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "strata-worker: cannot listen on %s\n", listen.c_str());
     return 1;
   }
-  server_ptr = server.get();
-  server->GetHealthCheckService()->SetServingStatus("strata.v1.Worker", false);
+  {
+    auto h = strata::HealthPort::Start(flags.Get("health-listen"), {server->GetHealthCheckService()});
+    if (!h.ok()) {
+      std::fprintf(stderr, "strata-worker: %s\n", std::string(h.status().message()).c_str());
+      return 1;
+    }
+    std::lock_guard<std::mutex> l(health_mu);
+    health = std::move(*h);
+    health->Set("strata.v1.Worker", false);
+    health->Set("", true);  // the process is up; "strata.v1.Worker" says whether layers are loaded
+  }
   const std::string host_part = listen.substr(0, listen.rfind(':'));
   const std::string address = flags.Get("advertise", absl::StrCat(host_part, ":", port));
   std::printf("listening %s\n", address.c_str());
   std::fflush(stdout);
 
   strata::worker::RegistrarOptions ro{flags.Get("coordinator"), address, flags.Get("name", address)};
+  ro.credentials = creds->channel();
   if (ho.gpu) {
     ro.gpu = ho.gpu_options.device;
     ro.gpu_kv_bytes = ho.gpu_options.kv_cache_bytes;
@@ -133,9 +162,20 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "strata-worker: signal %d, stopping\n", sig);
+  std::fprintf(stderr, "strata-worker: signal %d, draining (up to %lld s) and stopping\n", sig,
+               static_cast<long long>(*drain));
+  {
+    std::lock_guard<std::mutex> l(health_mu);
+    health->SetAll(false);
+  }
+  std::thread([set] {  // a second signal exits at once
+    int again = 0;
+    sigwait(&set, &again);
+    std::fprintf(stderr, "strata-worker: second signal %d, exiting now\n", again);
+    std::_Exit(1);
+  }).detach();
   registrar.reset();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(*drain));
   server->Wait();
   host.reset();
   return 0;

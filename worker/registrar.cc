@@ -56,8 +56,7 @@ Registrar::~Registrar() {
 }
 
 void Registrar::Loop() {
-  auto channel = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
-                                           InternalChannelArgs());
+  auto channel = InternalChannel(options_.coordinator, options_.credentials);
   auto stub = v1::Coordinator::NewStub(channel);
   std::string worker_id;
   int interval_ms = 500;

@@ -28,6 +28,8 @@ struct RegistrarOptions {
   // there (reported instead of the host's memory).
   std::optional<int> gpu;
   int64_t gpu_kv_bytes = 0;
+  // The channel to the coordinator's internal port (common/cluster_security.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
 };
 
 class Registrar {

@@ -1,5 +1,7 @@
 #include "worker/stage_host.h"
 
+#include <filesystem>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -68,8 +70,31 @@ absl::Status ValidateAssignment(const v1::AssignLayersRequest& req) {
   return absl::OkStatus();
 }
 
+absl::Status CheckModelRoot(const std::string& model_dir, const std::string& root) {
+  namespace fs = std::filesystem;
+  if (root.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat("this worker loads no model: it was started without --model-root ",
+                                                    "(refusing '", model_dir, "')"));
+  }
+  std::error_code ec;
+  const fs::path dir = fs::canonical(model_dir, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("model directory '", model_dir, "': ", ec.message()));
+  const fs::path base = fs::canonical(root, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("--model-root '", root, "': ", ec.message()));
+  auto d = dir.begin();
+  for (auto b = base.begin(); b != base.end(); ++b, ++d) {
+    if (d == dir.end() || *d != *b) {
+      return absl::PermissionDeniedError(absl::StrCat("model directory '", model_dir, "' (", dir.string(),
+                                                      ") is outside this worker's --model-root '", base.string(),
+                                                      "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLayersResponse* resp) {
   RETURN_IF_ERROR(ValidateAssignment(req));
+  RETURN_IF_ERROR(CheckModelRoot(req.model_dir(), options_.model_root));
   const auto t0 = std::chrono::steady_clock::now();
   EngineOptions eo;
   eo.kv_dtype = req.kv_dtype() == v1::KV_DTYPE_F32 ? KvDtype::kF32 : KvDtype::kFp8;
@@ -134,6 +159,7 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
     if (!kvstore_ && !req.kvstore_address().empty()) {
       KvStoreClientOptions ko;
       ko.address = req.kvstore_address();
+      ko.credentials = options_.credentials;
       auto c = KvStoreClient::Connect(ko);
       if (c.ok()) kvstore_ = std::move(*c);
     }
@@ -414,7 +440,7 @@ absl::Status StageHost::EnsureLinkLocked() {
   const uint64_t gen = link_generation_;
   const std::string name = absl::StrCat("stage ", request_.stage() + 1);
   auto link = StageLink::Open(
-      request_.next_address(), name, absl::Seconds(2),
+      request_.next_address(), options_.credentials, name, absl::Seconds(2),
       [this](v1::StageResult&& r) { OnDownstreamResult(std::move(r)); },
       [this, gen](const absl::Status& st) { OnDownstreamBroken(gen, st); });
   if (!link.ok()) return link.status();

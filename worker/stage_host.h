@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "common/thread_pool.h"
+#include "grpcpp/security/credentials.h"
 #include "model/engine.h"
 #include "model/sampler.h"
 #include "strata/v1/worker.pb.h"
@@ -61,12 +62,23 @@ struct StageHostOptions {
   // Run the layers on a GPU (docs/gpu-engine.md) instead of the CPU engine.
   bool gpu = false;
   DeviceStageOptions gpu_options;
+  // Channels to the next stage and the KV store (common/cluster_security.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  // AssignLayers loads only model directories under this one (after
+  // resolving links); empty: every directory is refused.
+  std::string model_root;
 };
 
 // INVALID_ARGUMENT unless 0 <= layer_begin < layer_end, 0 <= stage <
 // num_stages, 0 <= threads <= kMaxThreads, the kv dtype is known and the epoch
 // positive. (Whether the range fits the model is checked when it loads.)
 absl::Status ValidateAssignment(const v1::AssignLayersRequest& req);
+
+// OK when `model_dir` lies inside `root` once both are resolved (symbolic
+// links, "..": std::filesystem::canonical); PERMISSION_DENIED naming both
+// otherwise, and for an empty root; NOT_FOUND when `model_dir` does not
+// exist. (docs/deploy.md, "Model root".)
+absl::Status CheckModelRoot(const std::string& model_dir, const std::string& root);
 
 class StageHost {
  public:

@@ -23,16 +23,21 @@ grpc::ChannelArguments InternalChannelArgs() {
   return args;
 }
 
+std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address,
+                                               const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  return grpc::CreateCustomChannel(address, credentials, InternalChannelArgs());
+}
+
 StageLink::StageLink(std::string address, std::string peer_name)
     : address_(std::move(address)), peer_name_(std::move(peer_name)) {}
 
 absl::StatusOr<std::unique_ptr<StageLink>> StageLink::Open(const std::string& address,
+                                                           const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                                                            const std::string& peer_name,
                                                            absl::Duration connect_timeout,
                                                            ResultFn on_result, BrokenFn on_broken) {
   std::unique_ptr<StageLink> link(new StageLink(address, peer_name));
-  link->channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                             InternalChannelArgs());
+  link->channel_ = InternalChannel(address, credentials);
   if (!link->channel_->WaitForConnected(std::chrono::system_clock::now() +
                                         absl::ToChronoMilliseconds(connect_timeout))) {
     return absl::UnavailableError(absl::StrCat(peer_name, " at ", address, " is not reachable"));

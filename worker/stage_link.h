@@ -28,6 +28,11 @@ namespace strata::worker {
 // keepalive so a dead peer is noticed within seconds).
 grpc::ChannelArguments InternalChannelArgs();
 
+// A channel to another daemon of the cluster with InternalChannelArgs and
+// the cluster's credentials (common/cluster_security.h).
+std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address,
+                                               const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+
 class StageLink {
  public:
   using ResultFn = std::function<void(v1::StageResult&&)>;
@@ -36,6 +41,7 @@ class StageLink {
   // Connects (waiting at most `connect_timeout`) and opens the stream.
   // UNAVAILABLE naming `peer_name` and the address when it cannot.
   static absl::StatusOr<std::unique_ptr<StageLink>> Open(const std::string& address,
+                                                         const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                                                          const std::string& peer_name,
                                                          absl::Duration connect_timeout,
                                                          ResultFn on_result, BrokenFn on_broken);

@@ -51,8 +51,8 @@ class ServerProcess {
   ServerProcess(const std::string& dir, const std::string& port_file) {
     ::unlink(port_file.c_str());
     std::vector<std::string> args = {STRATA_KVSTORE_BINARY, "--dir=" + dir,
-                                     "--listen=127.0.0.1:0", "--port_file=" + port_file,
-                                     "--commit_threads=2"};
+                                     "--listen=127.0.0.1:0", "--port-file=" + port_file,
+                                     "--commit-threads=2", "--insecure-cluster"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

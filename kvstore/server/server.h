@@ -14,6 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/health_port.h"
 #include "grpcpp/grpcpp.h"
 #include "kvstore/env.h"
 #include "kvstore/server/service.h"
@@ -24,6 +26,13 @@ namespace strata::kv {
 struct ServerOptions {
   // host:port; port 0 picks a free port (see port()).
   std::string listen_address = "127.0.0.1:0";
+  // Transport security of that port (the cluster's mutual TLS, or plaintext;
+  // common/cluster_security.h).
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  // When set, grpc.health.v1 alone on this plaintext address (for probes).
+  std::string health_listen;
+  // Shutdown gives running calls this long before cancelling them.
+  absl::Duration drain_timeout = absl::Seconds(2);
   StoreOptions store;
   ServiceOptions service;
   // Largest request message accepted (Append rows messages).
@@ -41,10 +50,12 @@ class KvStoreServer {
   ~KvStoreServer();  // Shutdown()
 
   int port() const { return port_; }
+  // The health-only port; 0 without one.
+  int health_port() const { return health_ != nullptr ? health_->port() : 0; }
   Store* store() { return store_.get(); }
 
   // Marks the health status NOT_SERVING, stops accepting calls, cancels the
-  // ones still running after a grace period, and makes every written row
+  // ones still running after the drain timeout, and makes every written row
   // that can commit durable.
   void Shutdown();
 
@@ -54,6 +65,8 @@ class KvStoreServer {
   std::unique_ptr<Store> store_;
   std::unique_ptr<KvStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthPort> health_;
+  absl::Duration drain_timeout_;
   int port_ = 0;
   std::once_flag shutdown_once_;
 };

@@ -157,7 +157,7 @@ class FuzzTest(unittest.TestCase):
         os.mkdir(os.path.join(work, "kv"))
         port_file = os.path.join(work, "kv.port")
         spawn("kvstore", [os.path.join(BIN, "kvstore", "strata-kvstore"), "--dir=" + os.path.join(work, "kv"),
-                          "--listen=127.0.0.1:0", "--port_file=" + port_file])
+                          "--listen=127.0.0.1:0", "--port-file=" + port_file, "--insecure-cluster"])
         def port():
             if not os.path.exists(port_file):
                 return None
@@ -165,19 +165,24 @@ class FuzzTest(unittest.TestCase):
                 return f.read().strip()
         cls.kv_address = "127.0.0.1:" + wait_for("strata-kvstore's port", port, 20)
 
-        def listening():
-            with open(cls.logs["coordinator"]) as log:
-                for line in log:
-                    if line.startswith("listening "):
-                        return line.split()[1]
-            return None
+        def announced(prefix):
+            def find():
+                with open(cls.logs["coordinator"]) as log:
+                    for line in log:
+                        if line.startswith(prefix):
+                            return line.split()[1]
+                return None
+            return find
 
         spawn("coordinator", [os.path.join(BIN, "coordinator", "strata-coordinator"), "--model", MODEL,
-                              "--listen", "127.0.0.1:0", "--workers", "2", "--kvstore", cls.kv_address])
-        cls.address = wait_for("strata-coordinator's address", listening, 20)
+                              "--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0", "--workers", "2",
+                              "--kvstore", cls.kv_address, "--insecure-cluster", "--insecure-public",
+                              "--allow-unauthenticated"])
+        cls.address = wait_for("strata-coordinator's address", announced("listening "), 20)
+        cls.internal_address = wait_for("strata-coordinator's internal address", announced("internal "), 20)
         for i in range(2):
-            spawn("w%d" % i, [os.path.join(BIN, "worker", "strata-worker"), "--coordinator", cls.address,
-                              "--name", "w%d" % i, "--threads", "1"])
+            spawn("w%d" % i, [os.path.join(BIN, "worker", "strata-worker"), "--coordinator", cls.internal_address,
+                              "--name", "w%d" % i, "--threads", "1", "--model-root", MODEL, "--insecure-cluster"])
         cls.channel = grpc.insecure_channel(cls.address)
         cls.stub = gg.GenerationStub(cls.channel)
         cls.worker_addresses = cls.wait_ready()
@@ -337,7 +342,29 @@ class FuzzTest(unittest.TestCase):
                 codes[(method, code)] = codes.get((method, code), 0) + 1
 
         # Round 1: every method of every service.
-        targets = [(self.address, "strata.v1.Generation"), (self.address, "strata.v1.Coordinator"),
+        # The public port never answers the cluster's internal services.
+        public = grpc.insecure_channel(self.address)
+        for service in ("strata.v1.Coordinator", "strata.v1.Worker", "strata.v1.KVStore"):
+            descriptor = self.modules[service].DESCRIPTOR.services_by_name[service.split(".")[-1]]
+            for method in descriptor.methods:
+                path = "/%s/%s" % (service, method.name)
+                try:
+                    if method.client_streaming:
+                        call = (public.stream_stream if method.server_streaming else public.stream_unary)(
+                            path, lambda b: b, lambda b: b)
+                        result = call(iter([b""]), timeout=CALL_S)
+                    else:
+                        call = (public.unary_stream if method.server_streaming else public.unary_unary)(
+                            path, lambda b: b, lambda b: b)
+                        result = call(b"", timeout=CALL_S)
+                    if method.server_streaming:
+                        list(result)
+                    self.fail("%s answered on the public port" % path)
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.UNIMPLEMENTED, "%s on the public port" % path)
+        public.close()
+
+        targets = [(self.address, "strata.v1.Generation"), (self.internal_address, "strata.v1.Coordinator"),
                    (self.kv_address, "strata.v1.KVStore")] + [(a, "strata.v1.Worker") for a in self.worker_addresses]
         channels = {a: grpc.insecure_channel(a, options=[("grpc.max_send_message_length", 64 << 20)])
                     for a, _ in targets}

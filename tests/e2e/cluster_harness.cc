@@ -55,7 +55,11 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
   }
   const std::string out = log_dir_ + "/coordinator.out";
   std::vector<std::string> args = {Bin("coordinator", "strata-coordinator"), "--model", options_.model_dir,
-                                   "--listen", "127.0.0.1:0", "--workers", absl::StrCat(options_.workers)};
+                                   "--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0",
+                                   "--workers", absl::StrCat(options_.workers)};
+  if (options_.insecure) {
+    args.insert(args.end(), {"--insecure-cluster", "--insecure-public", "--allow-unauthenticated"});
+  }
   if (!kv_address_.empty()) args.insert(args.end(), {"--kvstore", kv_address_});
   args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   coordinator_ = Spawn(args, out);
@@ -64,6 +68,7 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
     std::ifstream f(out);
     std::string line;
     while (address_.empty() && std::getline(f, line)) {
+      if (line.rfind("internal ", 0) == 0 && line.find(':') != std::string::npos) internal_address_ = line.substr(9);
       if (line.rfind("listening ", 0) == 0 && line.find(':') != std::string::npos) address_ = line.substr(10);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -184,8 +189,10 @@ pid_t ClusterHarness::Spawn(const std::vector<std::string>& argv, const std::str
 }
 
 void ClusterHarness::StartWorker(int i) {
-  std::vector<std::string> args = {Bin("worker", "strata-worker"), "--coordinator", address_, "--name",
-                                   absl::StrCat("w", i), "--threads", absl::StrCat(options_.worker_threads)};
+  std::vector<std::string> args = {Bin("worker", "strata-worker"), "--coordinator", internal_address_, "--name",
+                                   absl::StrCat("w", i), "--threads", absl::StrCat(options_.worker_threads),
+                                   "--model-root", options_.model_dir};
+  if (options_.insecure) args.push_back("--insecure-cluster");
   args.insert(args.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   workers_[i] = Spawn(args, absl::StrCat(log_dir_, "/w", i, ".log"));
 }
@@ -202,9 +209,10 @@ bool ClusterHarness::RestartKvStore() {
 bool ClusterHarness::StartKvStore(const std::string& listen) {
   const std::string port_file = log_dir_ + "/kv.port";
   fs::remove(port_file);
-  kvstore_ = Spawn({Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + listen,
-                    "--port_file=" + port_file, "--commit_threads=1"},
-                   log_dir_ + "/kvstore.log");
+  std::vector<std::string> args = {Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + listen,
+                                   "--port-file=" + port_file, "--commit-threads=1"};
+  if (options_.insecure) args.push_back("--insecure-cluster");
+  kvstore_ = Spawn(args, log_dir_ + "/kvstore.log");
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   while (Clock::now() < deadline) {
     std::ifstream f(port_file);

@@ -26,6 +26,10 @@ struct HarnessOptions {
   std::vector<std::string> coordinator_flags;
   int worker_threads = 1;
   std::vector<std::string> worker_flags;
+  // Plaintext everywhere and no API tokens (--insecure-cluster,
+  // --insecure-public, --allow-unauthenticated) unless a test passes its own
+  // security flags and sets this false.
+  bool insecure = true;
 };
 
 struct GenerateResult {
@@ -50,6 +54,8 @@ class ClusterHarness {
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
   const std::string& address() const { return address_; }
+  // The coordinator's internal port (where workers register).
+  const std::string& internal_address() const { return internal_address_; }
   v1::Generation::Stub& stub() { return *stub_; }
 
   // Waits until the Generation service reports `serving`.
@@ -95,7 +101,7 @@ class ClusterHarness {
 
   HarnessOptions options_;
   std::string error_;
-  std::string address_, kv_address_;
+  std::string address_, internal_address_, kv_address_;
   std::string log_dir_;
   pid_t kvstore_ = -1, coordinator_ = -1;
   std::vector<pid_t> workers_;

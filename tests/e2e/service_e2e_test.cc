@@ -234,9 +234,9 @@ TEST(ServiceTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   bad = ClusterHarness::Greedy({}, 4);
   bad.set_prompt("hello");
   EXPECT_EQ(CodeOf(c, bad), grpc::StatusCode::FAILED_PRECONDITION);
-  // An oversized message is refused by the transport (4 MiB limit).
+  // An oversized message is refused by the transport (16 MiB limit).
   v1::GenerateRequest huge = ClusterHarness::Greedy({}, 4);
-  huge.set_prompt(std::string(5 << 20, 'a'));
+  huge.set_prompt(std::string(17 << 20, 'a'));
   EXPECT_EQ(CodeOf(c, huge), grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Garbage bytes on the port.
   {
