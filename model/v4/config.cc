@@ -73,12 +73,15 @@ absl::StatusOr<bool> GetBool(const json& j, std::string_view field, bool def) {
   return v->get<bool>();
 }
 
-// A string field that must equal `want` when present.
-absl::Status ExpectString(const json& j, std::string_view field, std::string_view want) {
+// A string field that must equal `want` when present; `prefix` names the
+// enclosing object in messages.
+absl::Status ExpectString(const json& j, std::string_view field, std::string_view want,
+                          std::string_view prefix = "") {
   const json* v = Find(j, field);
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_string() || v->get<std::string>() != want) {
-    return Bad(field, absl::StrCat("is ", Show(*v), "; only \"", std::string(want), "\" is supported"));
+    return Bad(absl::StrCat(std::string(prefix), std::string(field)),
+               absl::StrCat("is ", Show(*v), "; only \"", std::string(want), "\" is supported"));
   }
   return absl::OkStatus();
 }
@@ -243,8 +246,14 @@ absl::Status ParseCompressRates(const json& j, V4Config* c) {
         return Bad("compress_rates", absl::StrCat("has unknown key '", key, "'; allowed: ", kCsaName, ", ", kHcaName));
       }
     }
-    ASSIGN_OR_RETURN(c->compress_rate_csa, GetInt(*r, kCsaName, 4, false, 1, 1 << 20));
-    ASSIGN_OR_RETURN(c->compress_rate_hca, GetInt(*r, kHcaName, 128, false, 1, 1 << 20));
+    for (auto [key, rate] : {std::pair{kCsaName, &c->compress_rate_csa}, std::pair{kHcaName, &c->compress_rate_hca}}) {
+      const json* v = Find(*r, key);
+      if (v == nullptr) continue;
+      if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > (1 << 20)) {
+        return Bad(absl::StrCat("compress_rates.", key), absl::StrCat("must be an integer in [1, 1048576], got ", Show(*v)));
+      }
+      *rate = v->get<int>();
+    }
   }
   ASSIGN_OR_RETURN(c->compress_rate_csa, GetInt(j, "compress_rate_csa", c->compress_rate_csa, false, 1, 1 << 20));
   ASSIGN_OR_RETURN(c->compress_rate_hca, GetInt(j, "compress_rate_hca", c->compress_rate_hca, false, 1, 1 << 20));
@@ -338,8 +347,8 @@ absl::Status ParseQuantization(const json& j, V4Config* c) {
       return Bad("quantization_config.quant_method",
                  absl::StrCat("is ", m == nullptr ? "absent" : Show(*m), "; only \"fp8\" is supported"));
     }
-    RETURN_IF_ERROR(ExpectString(*q, "fmt", "e4m3"));
-    RETURN_IF_ERROR(ExpectString(*q, "scale_fmt", "ue8m0"));
+    RETURN_IF_ERROR(ExpectString(*q, "fmt", "e4m3", "quantization_config."));
+    RETURN_IF_ERROR(ExpectString(*q, "scale_fmt", "ue8m0", "quantization_config."));
     if (const json* bs = Find(*q, "weight_block_size"); bs != nullptr && *bs != json::array({128, 128})) {
       return Bad("quantization_config.weight_block_size", absl::StrCat("is ", Show(*bs), "; only [128, 128] is supported"));
     }
