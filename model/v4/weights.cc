@@ -39,6 +39,11 @@ class Loader {
         absl::StrCat(path.ok() ? *path : store_.dir(), ": tensor \"", name, "\": ", what));
   }
 
+  // A decoding error of a quantised weight, naming it and its scales.
+  absl::Status Corrupt(const std::string& name, const std::string& scale_name, const absl::Status& st) const {
+    return Invalid(name, absl::StrCat(st.message(), " (block scales \"", scale_name, "\")"));
+  }
+
   // A float tensor (F32, BF16, F16) of exactly `shape`.
   absl::StatusOr<std::vector<float>> Float(const std::vector<std::string>& names, std::vector<int64_t> shape) {
     ASSIGN_OR_RETURN(std::string name, Resolve(names));
@@ -73,7 +78,7 @@ class Loader {
       const int64_t sr = (out + kFp8Block - 1) / kFp8Block, sc = (in + kFp8Block - 1) / kFp8Block;
       ASSIGN_OR_RETURN(auto scales, Scales(name, scale_name, {sr, sc}));
       ASSIGN_OR_RETURN(auto codes, store_.ReadRaw(name));
-      if (auto st = DequantFp8Blocks(codes, out, in, scales, lw->w.data()); !st.ok()) return Invalid(name, st.message());
+      if (auto st = DequantFp8Blocks(codes, out, in, scales, lw->w.data()); !st.ok()) return Corrupt(name, scale_name, st);
     } else if (info.dtype == DType::kI8) {
       if (!expert || c_.expert_format != ExpertFormat::kFp4) {
         return Invalid(name, "is I8 (packed FP4), which only routed experts of an expert_dtype \"fp4\" checkpoint may be");
@@ -84,7 +89,7 @@ class Loader {
       }
       ASSIGN_OR_RETURN(auto scales, Scales(name, scale_name, {out, in / kFp4Group}));
       ASSIGN_OR_RETURN(auto packed, store_.ReadRaw(name));
-      if (auto st = DequantFp4Rows(packed, out, in, scales, lw->w.data()); !st.ok()) return Invalid(name, st.message());
+      if (auto st = DequantFp4Rows(packed, out, in, scales, lw->w.data()); !st.ok()) return Corrupt(name, scale_name, st);
     } else {
       if (!DTypeIsFloat(info.dtype)) {
         return Invalid(name, absl::StrCat("dtype ", std::string(DTypeName(info.dtype)), " is not a weight dtype"));
