@@ -172,6 +172,62 @@ TEST_P(V4FixtureTest, BadInputChangesNothing) {
   EXPECT_EQ(seq->num_tokens(), 3);
 }
 
+// The state's parts have the sizes docs/deepseek-v4.md §4.4 gives for every
+// token count, and a copy continues exactly like the original.
+TEST_P(V4FixtureTest, StateFollowsTheDocumentedLayout) {
+  auto engine = V4Engine::Load(GetParam(), {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  V4Engine& e = **engine;
+  const V4Config& c = e.config();
+  const Reference ref = LoadReference(GetParam());
+  const std::vector<int> tokens = ref.meta["tokens"].get<std::vector<int>>();
+  auto seq = e.NewSequence();
+  std::vector<float> logits;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_TRUE(e.Forward({V4Chunk{seq.get(), absl::MakeConstSpan(&tokens[i], 1)}}, false, &logits).ok());
+    const int T = seq->num_tokens();
+    ASSERT_EQ(T, static_cast<int>(i) + 1);
+    for (int l = 0; l < c.num_layers; ++l) {
+      const V4LayerState& st = seq->layer(l);
+      EXPECT_EQ(st.window_slots, c.sliding_window - 1);
+      EXPECT_EQ(st.window.size(), static_cast<size_t>(c.sliding_window - 1) * c.head_dim);
+      const V4LayerSpec& spec = c.layers[l];
+      const int m = spec.compress_rate;
+      auto check = [&](const CompressorState& cs, int width, int coff) {
+        EXPECT_EQ(cs.width, width);
+        EXPECT_EQ(cs.rows.size(), static_cast<size_t>(T / m) * width) << "layer " << l << " T " << T;
+        EXPECT_EQ(cs.open_kv.size(), static_cast<size_t>(T % m) * coff * width);
+        EXPECT_EQ(cs.open_gate.size(), cs.open_kv.size());
+        const size_t overlap = coff == 2 && T >= m ? static_cast<size_t>(m) * width : 0;
+        EXPECT_EQ(cs.overlap_kv.size(), overlap);
+        EXPECT_EQ(cs.overlap_gate.size(), overlap);
+      };
+      if (spec.attention == AttentionKind::kSliding) {
+        EXPECT_EQ(st.compressor.bytes(), 0u);
+        EXPECT_EQ(st.indexer.bytes(), 0u);
+      } else if (spec.attention == AttentionKind::kHca) {
+        check(st.compressor, c.head_dim, 1);
+        EXPECT_EQ(st.indexer.bytes(), 0u);
+      } else {
+        check(st.compressor, c.head_dim, 2);
+        check(st.indexer, c.index_head_dim, 2);
+      }
+    }
+    if (i + 1 == tokens.size() / 2) {
+      // A deep copy at mid-sequence continues with the one-shot forward's bits.
+      auto copy = seq->Copy();
+      const std::vector<int> rest(tokens.begin() + i + 1, tokens.end());
+      std::vector<float> cont;
+      ASSERT_TRUE(e.Forward({V4Chunk{copy.get(), rest}}, true, &cont).ok());
+      const std::vector<float> full = RunChunked(e, tokens, {static_cast<int>(tokens.size())});
+      const size_t V = static_cast<size_t>(c.vocab_size);
+      EXPECT_TRUE(std::equal(cont.begin(), cont.end(), full.begin() + (i + 1) * V, full.end()));
+      EXPECT_EQ(seq->num_tokens(), static_cast<int>(i) + 1);  // the copy did not touch it
+    }
+  }
+  EXPECT_GT(seq->bytes(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, V4FixtureTest, ::testing::ValuesIn(V4FixtureDirs()), [](const auto& info) {
   std::string n = fs::path(info.param).filename().string();
   for (char& ch : n) {
