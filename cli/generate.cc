@@ -14,6 +14,8 @@
 #include "common/thread_pool.h"
 #include "model/chat_format.h"
 #include "model/engine.h"
+#include "model/v4/config.h"
+#include "model/v4/engine.h"
 #include "model/sampler.h"
 #include "model/stop_matcher.h"
 #include "model/tokenizer.h"
@@ -39,47 +41,11 @@ int Fail(const absl::Status& s, int code = 1) {
   return code;
 }
 
-}  // namespace
-
-int Generate(const std::vector<std::string>& args) {
-  FlagSet flags;
-  flags.Declare("model", "model directory (config.json, safetensors, tokenizer.json)");
-  DeclareGenerationFlags(&flags);
-  flags.Declare("kv-dtype", "KV cache dtype: fp8 (default) or f32");
-  flags.Declare("threads", "worker threads (default: one per core)");
-  if (auto st = flags.Parse(args); !st.ok()) return Fail(st, 2);
-  if (flags.Has("help")) {
-    std::printf("%s%s", kHelp, flags.Help().c_str());
-    return 0;
-  }
-  if (!flags.Has("model")) return Fail(absl::InvalidArgumentError("--model is required"), 2);
-  const int inputs = flags.Has("prompt") + flags.Has("chat") + flags.Has("tokens");
-  if (inputs != 1) return Fail(absl::InvalidArgumentError("give exactly one of --prompt, --chat, --tokens"), 2);
-
-  auto parsed = SamplingFromFlags(flags);
-  if (!parsed.ok()) return Fail(parsed.status(), 2);
-  SamplingParams sp = *std::move(parsed);
-  auto threads = flags.GetInt("threads", 0);
-  if (!threads.ok()) return Fail(threads.status(), 2);
-  if (*threads < 0 || *threads > kMaxThreads) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--threads must be in [0, ", kMaxThreads, "]")), 2);
-  }
-
-  EngineOptions opt;
-  opt.num_threads = static_cast<int>(*threads);
-  const std::string kv = flags.Get("kv-dtype", "fp8");
-  if (kv == "fp8") {
-    opt.kv_dtype = KvDtype::kFp8;
-  } else if (kv == "f32") {
-    opt.kv_dtype = KvDtype::kF32;
-  } else {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be f32 or fp8, got '", kv, "'")), 2);
-  }
-  const std::string dir = flags.Get("model");
-  auto engine = Engine::Load(dir, opt);
-  if (!engine.ok()) return Fail(engine.status());
-  Engine& e = **engine;
-  const ModelConfig& cfg = e.config();
+// Generates with engine `e` (Engine or v4::V4Engine, with its chunk type)
+// once it is loaded; `cfg` is its config (the fields both configs share).
+template <class E, class Chunk>
+int GenerateWith(E& e, const FlagSet& flags, SamplingParams sp, const std::string& dir) {
+  const auto& cfg = e.config();
   if (auto st = Validate(sp, cfg.vocab_size); !st.ok()) return Fail(st, 2);
 
   std::unique_ptr<Tokenizer> tok;
@@ -152,7 +118,7 @@ int Generate(const std::vector<std::string>& args) {
       finish = "abort";
       break;
     }
-    SeqChunk ch{seq.get(), next};
+    Chunk ch{seq.get(), next};
     if (auto st = e.Forward({ch}, false, &logits); !st.ok()) return Fail(st);
     const int token = (*sampler)->Sample(logits);
     (*sampler)->Observe(token, /*is_prompt=*/false);
@@ -194,6 +160,62 @@ int Generate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "[%zu tokens, finish_reason=%s]\n", generated.size(), finish.c_str());
   }
   return finish == "abort" ? 130 : 0;
+}
+
+}  // namespace
+
+int Generate(const std::vector<std::string>& args) {
+  FlagSet flags;
+  flags.Declare("model", "model directory (config.json, safetensors, tokenizer.json)");
+  DeclareGenerationFlags(&flags);
+  flags.Declare("kv-dtype", "KV cache dtype: fp8 (default) or f32");
+  flags.Declare("threads", "worker threads (default: one per core)");
+  if (auto st = flags.Parse(args); !st.ok()) return Fail(st, 2);
+  if (flags.Has("help")) {
+    std::printf("%s%s", kHelp, flags.Help().c_str());
+    return 0;
+  }
+  if (!flags.Has("model")) return Fail(absl::InvalidArgumentError("--model is required"), 2);
+  const int inputs = flags.Has("prompt") + flags.Has("chat") + flags.Has("tokens");
+  if (inputs != 1) return Fail(absl::InvalidArgumentError("give exactly one of --prompt, --chat, --tokens"), 2);
+
+  auto parsed = SamplingFromFlags(flags);
+  if (!parsed.ok()) return Fail(parsed.status(), 2);
+  SamplingParams sp = *std::move(parsed);
+  auto threads = flags.GetInt("threads", 0);
+  if (!threads.ok()) return Fail(threads.status(), 2);
+  if (*threads < 0 || *threads > kMaxThreads) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--threads must be in [0, ", kMaxThreads, "]")), 2);
+  }
+
+  // DeepSeek-V4 runs on its own engine (docs/engine.md), f32 only for now.
+  const std::string dir = flags.Get("model");
+  auto model_type = v4::ReadModelType(dir);
+  if (!model_type.ok()) return Fail(model_type.status());
+  if (*model_type == "deepseek_v4") {
+    if (flags.Has("kv-dtype") && flags.Get("kv-dtype") != "f32") {
+      return Fail(absl::InvalidArgumentError("deepseek_v4 keeps its state in float32 only (no fp8 V4 cache yet): use --kv-dtype f32"), 2);
+    }
+    std::fprintf(stderr, "strata generate: deepseek_v4 keeps its state in float32 (no fp8 V4 cache yet)\n");
+    auto engine = v4::V4Engine::Load(dir, v4::V4EngineOptions{static_cast<int>(*threads)});
+    if (!engine.ok()) return Fail(engine.status());
+    return GenerateWith<v4::V4Engine, v4::V4Chunk>(**engine, flags, std::move(sp), dir);
+  }
+
+  EngineOptions opt;
+  opt.num_threads = static_cast<int>(*threads);
+  const std::string kv = flags.Get("kv-dtype", "fp8");
+  if (kv == "fp8") {
+    opt.kv_dtype = KvDtype::kFp8;
+  } else if (kv == "f32") {
+    opt.kv_dtype = KvDtype::kF32;
+  } else {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be f32 or fp8, got '", kv, "'")), 2);
+  }
+  auto engine = Engine::Load(dir, opt);
+  if (!engine.ok()) return Fail(engine.status());
+  Engine& e = **engine;
+  return GenerateWith<Engine, SeqChunk>(e, flags, std::move(sp), dir);
 }
 
 }  // namespace strata::cli

@@ -2,6 +2,7 @@
 // prints one JSON object (the accuracy hook; the format is in docs/cli.md).
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,8 @@
 #include "common/flags.h"
 #include "common/thread_pool.h"
 #include "model/engine.h"
+#include "model/v4/config.h"
+#include "model/v4/engine.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -29,6 +32,26 @@ flags:
 int Fail(const absl::Status& s, int code = 1) {
   std::fprintf(stderr, "strata score: %s\n", std::string(s.message()).c_str());
   return code;
+}
+
+// Teacher-forced logits [T][vocab] of `tokens` through engine `e` (Engine
+// or v4::V4Engine, with its chunk type).
+template <class E, class Chunk>
+absl::StatusOr<std::vector<float>> TeacherForced(E& e, const std::vector<int>& tokens, bool prefill) {
+  std::vector<float> logits;
+  auto seq = e.NewSequence();
+  if (prefill) {
+    Chunk ch{seq.get(), tokens};
+    if (auto st = e.Forward({ch}, true, &logits); !st.ok()) return st;
+    return logits;
+  }
+  std::vector<float> step;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    Chunk ch{seq.get(), absl::MakeConstSpan(&tokens[i], 1)};
+    if (auto st = e.Forward({ch}, false, &step); !st.ok()) return st;
+    logits.insert(logits.end(), step.begin(), step.end());
+  }
+  return logits;
 }
 
 // log softmax(logits)[target], in double.
@@ -87,10 +110,27 @@ int Score(const std::vector<std::string>& args) {
   }
   opt.num_threads = static_cast<int>(*threads);
 
-  auto engine = Engine::Load(flags.Get("model"), opt);
-  if (!engine.ok()) return Fail(engine.status());
-  Engine& e = **engine;
-  const int V = e.config().vocab_size;
+  // DeepSeek-V4 runs on its own engine (docs/engine.md), f32 only for now.
+  auto model_type = v4::ReadModelType(flags.Get("model"));
+  if (!model_type.ok()) return Fail(model_type.status());
+  const bool is_v4 = *model_type == "deepseek_v4";
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<v4::V4Engine> engine_v4;
+  int V = 0;
+  if (is_v4) {
+    if (opt.kv_dtype != KvDtype::kF32 || opt.fp8_indexer_keys) {
+      return Fail(absl::InvalidArgumentError("deepseek_v4 keeps its state in float32 only (no fp8 V4 cache yet): use --kv-dtype f32"), 2);
+    }
+    auto loaded = v4::V4Engine::Load(flags.Get("model"), v4::V4EngineOptions{opt.num_threads});
+    if (!loaded.ok()) return Fail(loaded.status());
+    engine_v4 = std::move(*loaded);
+    V = engine_v4->config().vocab_size;
+  } else {
+    auto loaded = Engine::Load(flags.Get("model"), opt);
+    if (!loaded.ok()) return Fail(loaded.status());
+    engine = std::move(*loaded);
+    V = engine->config().vocab_size;
+  }
   const int T = static_cast<int>(tokens->size());
   // Checked here for the whole sequence: the engine sees one token per step
   // and would name the position within that step.
@@ -100,19 +140,10 @@ int Score(const std::vector<std::string>& args) {
                                                           " is outside the model's vocabulary [0, ", V, ")")));
     }
   }
-  std::vector<float> logits;
-  auto seq = e.NewSequence();
-  if (flags.Has("prefill")) {
-    SeqChunk ch{seq.get(), *tokens};
-    if (auto st = e.Forward({ch}, true, &logits); !st.ok()) return Fail(st);
-  } else {
-    std::vector<float> step;
-    for (int i = 0; i < T; ++i) {
-      SeqChunk ch{seq.get(), absl::MakeConstSpan(&(*tokens)[i], 1)};
-      if (auto st = e.Forward({ch}, false, &step); !st.ok()) return Fail(st);
-      logits.insert(logits.end(), step.begin(), step.end());
-    }
-  }
+  auto scored = is_v4 ? TeacherForced<v4::V4Engine, v4::V4Chunk>(*engine_v4, *tokens, flags.Has("prefill"))
+                      : TeacherForced<Engine, SeqChunk>(*engine, *tokens, flags.Has("prefill"));
+  if (!scored.ok()) return Fail(scored.status());
+  const std::vector<float>& logits = *scored;
   nlohmann::json out;
   out["tokens"] = *tokens;
   std::vector<int> argmax(T);

@@ -299,7 +299,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json: field 'model_type' is '", c.model_type,
-        "'; supported: deepseek_v3, deepseek_v32, glm_moe_dsa, glm4_moe_lite"));
+        "'; supported: deepseek_v3, deepseek_v32, glm_moe_dsa, glm4_moe_lite",
+        c.model_type == "deepseek_v4" ? " (deepseek_v4 runs on the V4 engine: strata score and strata generate, not yet the workers)" : ""));
   }
   constexpr int64_t kBig = int64_t{1} << 24;
   ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", 0, true, 1, int64_t{1} << 22));

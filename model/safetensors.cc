@@ -28,8 +28,9 @@ using Json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
-                                DType::kI32, DType::kI64,  DType::kU8,  DType::kBool};
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16,    DType::kF8E4M3,
+                                DType::kI32, DType::kI64,  DType::kU8,     DType::kBool,
+                                DType::kF8E8M0, DType::kI8};
 
 uint64_t LoadLe64(const uint8_t* p) {
   uint64_t v = 0;
@@ -182,6 +183,10 @@ std::string_view DTypeName(DType dtype) {
       return "U8";
     case DType::kBool:
       return "BOOL";
+    case DType::kF8E8M0:
+      return "F8_E8M0";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }
@@ -192,7 +197,7 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unsupported dtype \"", Sv(name),
-                   "\" (supported: F32, BF16, F16, F8_E4M3, I32, I64, U8, BOOL)"));
+                   "\" (supported: F32, BF16, F16, F8_E4M3, I32, I64, U8, BOOL, F8_E8M0, I8)"));
 }
 
 size_t DTypeSize(DType dtype) {
@@ -212,6 +217,8 @@ size_t DTypeSize(DType dtype) {
     case DType::kU8:
       return 1;
     case DType::kBool:
+    case DType::kF8E8M0:
+    case DType::kI8:
       return 1;
   }
   return 0;

@@ -61,15 +61,17 @@
 namespace strata {
 
 // Element types Strata reads. The integer types are readable only as raw
-// bytes (ReadRaw), e.g. token ids in reference fixtures.
-enum class DType { kF32, kBF16, kF16, kF8E4M3, kI32, kI64, kU8, kBool };
+// bytes (ReadRaw), e.g. token ids in reference fixtures. F8_E8M0 (power-of-two
+// block scales) and I8 (DeepSeek-V4's packed FP4 experts) are raw-only too:
+// model/v4/quant.h decodes them.
+enum class DType { kF32, kBF16, kF16, kF8E4M3, kI32, kI64, kU8, kBool, kF8E8M0, kI8 };
 
 // The safetensors spelling: "F32", "BF16", "F16", "F8_E4M3", "I32", "I64",
-// "U8", "BOOL".
+// "U8", "BOOL", "F8_E8M0", "I8".
 std::string_view DTypeName(DType dtype);
 // Inverse of DTypeName; INVALID_ARGUMENT for any other string.
 absl::StatusOr<DType> ParseDType(std::string_view name);
-// Bytes per element (1 for F8_E4M3, U8 and BOOL).
+// Bytes per element (1 for F8_E4M3, F8_E8M0, I8, U8 and BOOL).
 size_t DTypeSize(DType dtype);
 // True for the dtypes ReadF32 converts: F32, BF16, F16, F8_E4M3.
 bool DTypeIsFloat(DType dtype);
@@ -189,6 +191,10 @@ class TensorStore {
 
   // Visible tensor names in ascending byte order.
   std::vector<std::string> Names() const;
+
+  // The path of the shard file holding the tensor (for messages about its
+  // contents). NOT_FOUND when absent.
+  absl::StatusOr<std::string> PathOf(std::string_view name) const;
 
   // The header text of every shard, ordered by shard file name (for a model
   // fingerprint).

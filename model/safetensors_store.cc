@@ -299,6 +299,11 @@ std::vector<std::string> TensorStore::Names() const {
   return names;
 }
 
+absl::StatusOr<std::string> TensorStore::PathOf(std::string_view name) const {
+  ASSIGN_OR_RETURN(const Location loc, Locate(name));
+  return loc.file->path();
+}
+
 std::vector<std::string> TensorStore::HeaderTexts() const {
   std::vector<std::string> texts;
   texts.reserve(shards_.size());

@@ -32,8 +32,9 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr DType kEveryDType[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
-                                 DType::kI32, DType::kI64,  DType::kU8,  DType::kBool};
+constexpr DType kEveryDType[] = {DType::kF32,  DType::kBF16, DType::kF16, DType::kF8E4M3,
+                                 DType::kI32,  DType::kI64,  DType::kU8,  DType::kBool,
+                                 DType::kF8E8M0, DType::kI8};
 
 uint16_t U16At(absl::Span<const uint8_t> b, size_t i) {
   return static_cast<uint16_t>(b[2 * i] | (b[2 * i + 1] << 8));
@@ -84,6 +85,11 @@ TEST(DTypeTest, NamesSizesAndParsing) {
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kI64), 8u);
   EXPECT_EQ(DTypeSize(DType::kBool), 1u);
+  EXPECT_EQ(DTypeName(DType::kF8E8M0), "F8_E8M0");
+  EXPECT_EQ(DTypeSize(DType::kF8E8M0), 1u);
+  EXPECT_EQ(DTypeName(DType::kI8), "I8");
+  EXPECT_EQ(DTypeSize(DType::kI8), 1u);
+  EXPECT_FALSE(DTypeIsFloat(DType::kF8E8M0));  // raw-only: model/v4/quant.h decodes it
   EXPECT_EQ(ParseDType("F64").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseDType("f32").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShapeString({200, 330}), "[200, 330]");
