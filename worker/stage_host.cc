@@ -416,7 +416,7 @@ absl::Status StageHost::EnsureLinkLocked() {
   auto link = StageLink::Open(
       request_.next_address(), name, absl::Seconds(2),
       [this](v1::StageResult&& r) { OnDownstreamResult(std::move(r)); },
-      [this, gen](const absl::Status& st) { OnDownstreamBroken(gen, st); });
+      [this, gen](const absl::Status& st) { OnDownstreamBroken(gen, st); }, options_.dialer);
   if (!link.ok()) return link.status();
   link_ = std::move(*link);
   return absl::OkStatus();

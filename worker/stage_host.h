@@ -61,6 +61,8 @@ struct StageHostOptions {
   // Run the layers on a GPU (docs/gpu-engine.md) instead of the CPU engine.
   bool gpu = false;
   DeviceStageOptions gpu_options;
+  // Opens the stream to the next stage (tests pass a fake); empty: gRPC.
+  StageDialer dialer;
 };
 
 // INVALID_ARGUMENT unless 0 <= layer_begin < layer_end, 0 <= stage <
