@@ -30,8 +30,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/worker_client.h"
 #include "strata/v1/generation.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "worker/stage_link.h"
@@ -56,6 +58,11 @@ struct ClusterOptions {
   int worker_threads = 0;          // engine threads per worker (0: the worker's default)
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration down_after = absl::Seconds(3);
+  // How the cluster reaches its workers (tests pass a fake); null: gRPC.
+  std::shared_ptr<WorkerClient> worker_client;
+  // Time for heartbeats and placement retries (tests pass a fake); null:
+  // Clock::Real(). REQUIRES: outlives the cluster.
+  Clock* clock = nullptr;
 };
 
 struct WorkerInfo {
@@ -108,6 +115,8 @@ class Cluster : public Pipeline {
   // The epoch and its stages in one consistent read (no stages: not placed).
   std::pair<int64_t, std::vector<StageView>> placement();
   std::vector<WorkerInfo> workers();
+  // The client the cluster reaches its workers with (for the session manager).
+  WorkerClient* worker_client() const { return client_.get(); }
 
  private:
   explicit Cluster(ClusterOptions options, ModelLayout layout);
@@ -118,6 +127,8 @@ class Cluster : public Pipeline {
 
   const ClusterOptions options_;
   const ModelLayout layout_;
+  const std::shared_ptr<WorkerClient> client_;
+  Clock* const clock_;
   Scheduler* scheduler_ = nullptr;
   std::function<void(bool)> on_ready_;
 
