@@ -75,7 +75,7 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& req) {
 }
 
 v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   WorkerInfo w;
   w.id = absl::StrCat("worker-", next_worker_++);
   w.name = req.name().empty() ? req.address() : req.name();
@@ -86,8 +86,16 @@ v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
   }
   w.last_heartbeat = clock_->Now();
   // A worker that registers again at the same address replaces its old entry.
+  // It restarted: when the old entry is a stage, the pipeline lost its layers.
+  std::string down;
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second.address == w.address) {
+      for (size_t s = 0; placed_ && !stop_ && s < stage_ids_.size(); ++s) {
+        if (stage_ids_[s] == it->first) {
+          down = absl::StrCat("stage ", s, " (", it->second.name, " at ", it->second.address,
+                              ") registered again: it restarted and lost its layers");
+        }
+      }
       it->second.alive = false;
       it = workers_.erase(it);
     } else {
@@ -101,6 +109,9 @@ v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
   resp.set_worker_id(w.id);
   resp.set_heartbeat_interval_ms(static_cast<int>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   cv_.notify_all();
+  const int64_t epoch = epoch_;
+  l.unlock();
+  if (!down.empty()) PipelineDown(epoch, absl::UnavailableError(down));
   return resp;
 }
 
@@ -252,6 +263,13 @@ absl::Status Cluster::PlaceAndAssign() {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != epoch_) return absl::AbortedError("re-placed meanwhile");
+    for (const auto& a : plan->stages) {
+      auto it = workers_.find(alive[a.worker].id);
+      if (it == workers_.end() || !it->second.alive) {
+        return absl::UnavailableError(absl::StrCat(alive[a.worker].name, " at ", alive[a.worker].address,
+                                                   " went down or registered again while its layers were assigned"));
+      }
+    }
     stages_.clear();
     stage_ids_.clear();
     for (const auto& a : plan->stages) {

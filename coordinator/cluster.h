@@ -7,10 +7,11 @@
 // (balanced, or the manual override), bumps the epoch, sends AssignLayers to
 // every stage (each stage learns its successor's address), opens the Execute
 // stream to stage 0 and tells the scheduler the pipeline is up. When a placed
-// worker goes down, the stream to stage 0 breaks, or a stage reports that
-// its successor is unreachable, the pipeline is declared down with
-// UNAVAILABLE naming the stage, and re-placed as soon as enough workers are
-// alive again (a replacement registered, or the rest suffice).
+// worker goes down or registers again (it restarted), the stream to stage 0
+// breaks, or a stage reports that its successor is unreachable, the pipeline
+// is declared down with UNAVAILABLE naming the stage, and re-placed as soon
+// as enough workers are alive again (a replacement registered, or the rest
+// suffice).
 //
 // Thread-safety: all public methods are thread-safe (mu_ guards the
 // membership table and the placement; link_mu_ the stage-0 link).

@@ -369,6 +369,58 @@ TEST_F(ClusterTest, AStageThatLostItsSuccessorTakesThePipelineDown) {
   EXPECT_TRUE(WaitReadiness(3));
 }
 
+// Regression: a placed worker that restarted and registered again before it
+// was declared down (a restart faster than down_after) replaced its entry
+// without taking the pipeline down. The placement then still counted on a
+// worker without layers: with no batch in flight nobody noticed the broken
+// link, every later batch failed at that stage with FAILED_PRECONDITION, and
+// the cluster was never placed again.
+TEST_F(ClusterTest, APlacedWorkerRegisteringAgainTakesThePipelineDown) {
+  Make();
+  Register("w0", kW0);
+  const std::string old_id = Register("w1", kW1);
+  Start();
+  ASSERT_TRUE(WaitReadiness(1));
+  auto peer = client_->network().WaitPeer(kW0);
+  ASSERT_NE(peer, nullptr);
+  auto sink = Running(*peer, 0);
+
+  const std::string new_id = Register("w1", kW1);  // restarted within down_after
+  EXPECT_NE(new_id, old_id);
+  EXPECT_FALSE(WaitReadiness(2));
+  const absl::Status st = sink->Wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(st.message(), absl::StrCat("stage 1 (w1 at ", kW1, ") registered again: it restarted and lost its layers"));
+  ASSERT_TRUE(WaitReadiness(3));  // placed again, on the new registration
+  EXPECT_EQ(cluster_->epoch(), 2);
+  const auto assigns = client_->assigns();
+  ASSERT_EQ(assigns.size(), 4u);
+  EXPECT_EQ(assigns[2].req.epoch(), 2);
+}
+
+// The same restart while the layers are being assigned: the placement must
+// not complete on the entry that was replaced.
+TEST_F(ClusterTest, AWorkerRegisteringAgainDuringPlacementIsNotPlacedOnItsOldEntry) {
+  Make();
+  Register("w0", kW0);
+  Register("w1", kW1);
+  bool restarted = false;
+  client_->SetAssignHook([&](const std::string& address) {
+    if (address == kW1 && !restarted) {
+      restarted = true;  // only the first placement's call
+      cluster_->Register(Worker("w1", kW1));
+    }
+  });
+  Start();
+  ASSERT_TRUE(client_->WaitAssigns(2));
+  Advance(absl::Milliseconds(1));
+  EXPECT_FALSE(cluster_->ready());
+  Advance(absl::Milliseconds(500));  // the retry places the new registration
+  ASSERT_TRUE(WaitReadiness(1));
+  EXPECT_EQ(cluster_->epoch(), 2);
+  for (const WorkerInfo& w : cluster_->workers()) EXPECT_TRUE(w.alive) << w.id;
+}
+
 TEST_F(ClusterTest, AWorkerThatCannotBeReachedForAssignLayersIsDownUntilItRegistersAgain) {
   Make();
   client_->SetAssignStatus(kW1, absl::UnavailableError("failed to connect to all addresses"));

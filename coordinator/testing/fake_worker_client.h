@@ -33,6 +33,12 @@ class FakeWorkerClient final : public WorkerClient {
 
   absl::Status AssignLayers(const std::string& address, const v1::AssignLayersRequest& req, absl::Duration,
                             v1::AssignLayersResponse* resp) override {
+    std::function<void(const std::string&)> hook;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      hook = assign_hook_;
+    }
+    if (hook) hook(address);
     std::lock_guard<std::mutex> l(mu_);
     assigns_.push_back({address, req});
     cv_.notify_all();
@@ -76,6 +82,11 @@ class FakeWorkerClient final : public WorkerClient {
     std::lock_guard<std::mutex> l(mu_);
     assign_status_[address] = std::move(status);
   }
+  // Runs at the start of every AssignLayers call (on the caller's thread).
+  void SetAssignHook(std::function<void(const std::string& address)> hook) {
+    std::lock_guard<std::mutex> l(mu_);
+    assign_hook_ = std::move(hook);
+  }
   void SetLoad(LoadFn fn) {
     std::lock_guard<std::mutex> l(mu_);
     load_ = std::move(fn);
@@ -111,6 +122,7 @@ class FakeWorkerClient final : public WorkerClient {
   std::map<std::string, absl::Status> assign_status_;
   std::map<std::string, v1::WorkerStatsResponse> stats_;
   LoadFn load_;
+  std::function<void(const std::string&)> assign_hook_;
   std::vector<Call<v1::AssignLayersRequest>> assigns_;
   std::vector<Call<v1::LoadSessionRequest>> loads_;
   std::vector<Call<v1::FreeSequencesRequest>> frees_;
