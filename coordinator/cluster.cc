@@ -9,23 +9,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "grpcpp/grpcpp.h"
 #include "model/config.h"
 #include "worker/stage_wire.h"
 
 namespace strata::coordinator {
-namespace {
-
-std::chrono::system_clock::time_point In(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
-
-std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address,
-                                             const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
-  return v1::Worker::NewStub(worker::InternalChannel(address, credentials));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(ClusterOptions options) {
   ModelLayout layout;
@@ -40,7 +27,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(ClusterOptions options)
 }
 
 Cluster::Cluster(ClusterOptions options, ModelLayout layout)
-    : options_(std::move(options)), layout_(std::move(layout)) {}
+    : options_(std::move(options)),
+      layout_(std::move(layout)),
+      client_(options_.worker_client ? options_.worker_client : NewGrpcWorkerClient(options_.credentials)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
 
 Cluster::~Cluster() { Stop(); }
 
@@ -85,7 +75,7 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& req) {
 }
 
 v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   WorkerInfo w;
   w.id = absl::StrCat("worker-", next_worker_++);
   w.name = req.name().empty() ? req.address() : req.name();
@@ -94,10 +84,18 @@ v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
     w.free_bytes += static_cast<uint64_t>(std::max<int64_t>(0, d.free_bytes()));
     w.kv_pool_bytes += static_cast<uint64_t>(std::max<int64_t>(0, d.kv_pool_bytes()));
   }
-  w.last_heartbeat = absl::Now();
+  w.last_heartbeat = clock_->Now();
   // A worker that registers again at the same address replaces its old entry.
+  // It restarted: when the old entry is a stage, the pipeline lost its layers.
+  std::string down;
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second.address == w.address) {
+      for (size_t s = 0; placed_ && !stop_ && s < stage_ids_.size(); ++s) {
+        if (stage_ids_[s] == it->first) {
+          down = absl::StrCat("stage ", s, " (", it->second.name, " at ", it->second.address,
+                              ") registered again: it restarted and lost its layers");
+        }
+      }
       it->second.alive = false;
       it = workers_.erase(it);
     } else {
@@ -111,6 +109,9 @@ v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
   resp.set_worker_id(w.id);
   resp.set_heartbeat_interval_ms(static_cast<int>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   cv_.notify_all();
+  const int64_t epoch = epoch_;
+  l.unlock();
+  if (!down.empty()) PipelineDown(epoch, absl::UnavailableError(down));
   return resp;
 }
 
@@ -122,7 +123,7 @@ v1::HeartbeatResponse Cluster::Heartbeat(const v1::HeartbeatRequest& req) {
     resp.set_known(false);
     return resp;
   }
-  it->second.last_heartbeat = absl::Now();
+  it->second.last_heartbeat = clock_->Now();
   resp.set_known(true);
   return resp;
 }
@@ -202,7 +203,7 @@ absl::Status Cluster::PlaceAndAssign() {
                                   : PlanOverride(layout_, slots, options_.placement, options_.placement_override);
   if (!plan.ok()) return plan.status();
   const int S = static_cast<int>(plan->stages.size());
-  std::vector<std::future<std::pair<int, grpc::Status>>> calls;
+  std::vector<std::future<std::pair<int, absl::Status>>> calls;
   for (int s = 0; s < S; ++s) {
     const StageAssignment& a = plan->stages[s];
     v1::AssignLayersRequest req;
@@ -221,12 +222,9 @@ absl::Status Cluster::PlaceAndAssign() {
     req.set_synthetic_seed(options_.synthetic_seed.value_or(0));
     req.set_threads(options_.worker_threads);
     const std::string address = alive[a.worker].address;
-    calls.push_back(std::async(std::launch::async, [req, address, s, creds = options_.credentials] {
-      auto stub = WorkerStub(address, creds);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(absl::Seconds(300)));
+    calls.push_back(std::async(std::launch::async, [this, req, address, s] {
       v1::AssignLayersResponse resp;
-      return std::make_pair(s, stub->AssignLayers(&ctx, req, &resp));
+      return std::make_pair(s, client_->AssignLayers(address, req, absl::Seconds(300), &resp));
     }));
   }
   absl::Status failure;
@@ -234,17 +232,17 @@ absl::Status Cluster::PlaceAndAssign() {
     auto [s, st] = f.get();
     if (st.ok()) continue;
     const WorkerInfo& w = alive[plan->stages[s].worker];
-    if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    if (st.code() == absl::StatusCode::kUnavailable || st.code() == absl::StatusCode::kDeadlineExceeded) {
       std::lock_guard<std::mutex> l(mu_);
       auto it = workers_.find(w.id);
       if (it != workers_.end()) it->second.alive = false;
     }
     failure = absl::UnavailableError(absl::StrCat("AssignLayers to stage ", s, " (", w.name, " at ", w.address,
-                                                  ") failed: ", st.error_message()));
+                                                  ") failed: ", st.message()));
   }
   if (!failure.ok()) return failure;
   auto link = worker::StageLink::Open(
-      alive[plan->stages[0].worker].address, options_.credentials, absl::StrCat("stage 0 (", alive[plan->stages[0].worker].name, ")"),
+      alive[plan->stages[0].worker].address, absl::StrCat("stage 0 (", alive[plan->stages[0].worker].name, ")"),
       absl::Seconds(3), [this, epoch](v1::StageResult&& r) {
         if (r.code() == static_cast<int>(absl::StatusCode::kUnavailable)) {
           // A stage lost its successor: the whole pipeline must be re-formed.
@@ -255,7 +253,8 @@ absl::Status Cluster::PlaceAndAssign() {
         }
         scheduler_->OnResult(std::move(r));
       },
-      [this, epoch](const absl::Status& st) { PipelineDown(epoch, st); });
+      [this, epoch](const absl::Status& st) { PipelineDown(epoch, st); },
+      [this](const std::string& address, absl::Duration timeout) { return client_->DialStage(address, timeout); });
   if (!link.ok()) return link.status();
   {
     std::lock_guard<std::mutex> l(link_mu_);
@@ -265,6 +264,13 @@ absl::Status Cluster::PlaceAndAssign() {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != epoch_) return absl::AbortedError("re-placed meanwhile");
+    for (const auto& a : plan->stages) {
+      auto it = workers_.find(alive[a.worker].id);
+      if (it == workers_.end() || !it->second.alive) {
+        return absl::UnavailableError(absl::StrCat(alive[a.worker].name, " at ", alive[a.worker].address,
+                                                   " went down or registered again while its layers were assigned"));
+      }
+    }
     stages_.clear();
     stage_ids_.clear();
     for (const auto& a : plan->stages) {
@@ -289,7 +295,7 @@ void Cluster::Loop() {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait_for(l, std::chrono::milliseconds(100));
       if (stop_) return;
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock_->Now();
       std::string down;
       for (auto& [id, w] : workers_) {
         if (w.alive && now - w.last_heartbeat > options_.down_after) {
@@ -322,7 +328,7 @@ void Cluster::Loop() {
     dead_link.reset();
     absl::Status st = PlaceAndAssign();
     if (!st.ok()) {
-      next_attempt = absl::Now() + absl::Milliseconds(500);
+      next_attempt = clock_->Now() + absl::Milliseconds(500);
       // Retried every half second: a failure is printed when it first
       // appears (or changes), not on every retry.
       const bool report =
@@ -342,18 +348,15 @@ std::vector<v1::StageStats> Cluster::StageStats() {
   std::vector<StageView> st = stages();
   std::vector<std::future<v1::StageStats>> calls;
   for (size_t i = 0; i < st.size(); ++i) {
-    calls.push_back(std::async(std::launch::async, [i, v = st[i], creds = options_.credentials] {
+    calls.push_back(std::async(std::launch::async, [this, i, v = st[i]] {
       v1::StageStats s;
       s.set_stage(static_cast<int>(i));
       s.set_worker(v.worker);
       s.set_address(v.address);
       s.set_layer_begin(v.layer_begin);
       s.set_layer_end(v.layer_end);
-      auto stub = WorkerStub(v.address, creds);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(absl::Seconds(1)));
       v1::WorkerStatsResponse r;
-      if (stub->Stats(&ctx, v1::WorkerStatsRequest(), &r).ok()) {
+      if (client_->Stats(v.address, absl::Seconds(1), &r).ok()) {
         s.set_up(true);
         s.set_sequences(r.sequences());
         s.set_kv_pages(r.kv_pages());

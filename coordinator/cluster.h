@@ -7,10 +7,11 @@
 // (balanced, or the manual override), bumps the epoch, sends AssignLayers to
 // every stage (each stage learns its successor's address), opens the Execute
 // stream to stage 0 and tells the scheduler the pipeline is up. When a placed
-// worker goes down, the stream to stage 0 breaks, or a stage reports that
-// its successor is unreachable, the pipeline is declared down with
-// UNAVAILABLE naming the stage, and re-placed as soon as enough workers are
-// alive again (a replacement registered, or the rest suffice).
+// worker goes down or registers again (it restarted), the stream to stage 0
+// breaks, or a stage reports that its successor is unreachable, the pipeline
+// is declared down with UNAVAILABLE naming the stage, and re-placed as soon
+// as enough workers are alive again (a replacement registered, or the rest
+// suffice).
 //
 // Thread-safety: all public methods are thread-safe (mu_ guards the
 // membership table and the placement; link_mu_ the stage-0 link).
@@ -31,8 +32,10 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/credentials.h"
+#include "common/clock.h"
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/worker_client.h"
 #include "strata/v1/generation.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "worker/stage_link.h"
@@ -60,6 +63,11 @@ struct ClusterOptions {
   absl::Duration down_after = absl::Seconds(3);
   // Channels to the other daemons of the cluster (common/cluster_security.h).
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  // How the cluster reaches its workers (tests pass a fake); null: gRPC.
+  std::shared_ptr<WorkerClient> worker_client;
+  // Time for heartbeats and placement retries (tests pass a fake); null:
+  // Clock::Real(). REQUIRES: outlives the cluster.
+  Clock* clock = nullptr;
 };
 
 struct WorkerInfo {
@@ -112,6 +120,8 @@ class Cluster : public Pipeline {
   // The epoch and its stages in one consistent read (no stages: not placed).
   std::pair<int64_t, std::vector<StageView>> placement();
   std::vector<WorkerInfo> workers();
+  // The client the cluster reaches its workers with (for the session manager).
+  WorkerClient* worker_client() const { return client_.get(); }
 
  private:
   explicit Cluster(ClusterOptions options, ModelLayout layout);
@@ -122,6 +132,8 @@ class Cluster : public Pipeline {
 
   const ClusterOptions options_;
   const ModelLayout layout_;
+  const std::shared_ptr<WorkerClient> client_;
+  Clock* const clock_;
   Scheduler* scheduler_ = nullptr;
   std::function<void(bool)> on_ready_;
 

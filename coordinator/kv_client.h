@@ -7,6 +7,9 @@
 // Every call has a deadline; errors keep the store's status code and name
 // the store's address and the session.
 //
+// The store calls are virtual so that tests can substitute an in-memory store
+// (coordinator/session_manager_test.cc); CheckCompatible is not.
+//
 // Thread-safety: all methods are thread-safe (one gRPC stub).
 #ifndef STRATA_COORDINATOR_KV_CLIENT_H_
 #define STRATA_COORDINATOR_KV_CLIENT_H_
@@ -44,25 +47,26 @@ class KvSessionClient {
   KvSessionClient(std::string address, KvSessionShape shape,
                   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials(),
                   absl::Duration timeout = absl::Seconds(10));
+  virtual ~KvSessionClient() = default;
 
   const std::string& address() const { return address_; }
   const KvSessionShape& shape() const { return shape_; }
 
   // ALREADY_EXISTS when the session exists.
-  absl::StatusOr<v1::SessionInfo> Create(const std::string& id);
+  virtual absl::StatusOr<v1::SessionInfo> Create(const std::string& id);
   // NOT_FOUND when there is no such session.
-  absl::StatusOr<v1::SessionInfo> Stat(const std::string& id);
-  absl::StatusOr<v1::SessionInfo> Update(const std::string& id, std::optional<int64_t> turn_watermark,
-                                         const std::map<std::string, std::string>& set,
-                                         const std::vector<std::string>& remove);
+  virtual absl::StatusOr<v1::SessionInfo> Stat(const std::string& id);
+  virtual absl::StatusOr<v1::SessionInfo> Update(const std::string& id, std::optional<int64_t> turn_watermark,
+                                                 const std::map<std::string, std::string>& set,
+                                                 const std::vector<std::string>& remove);
   // Retries while append streams are still open (FAILED_PRECONDITION) until
   // `wait` has passed.
-  absl::Status Truncate(const std::string& id, int64_t nrec, absl::Duration wait);
-  absl::Status Delete(const std::string& id, absl::Duration wait);
+  virtual absl::Status Truncate(const std::string& id, int64_t nrec, absl::Duration wait);
+  virtual absl::Status Delete(const std::string& id, absl::Duration wait);
   // Every session whose id starts with `prefix` (all pages).
-  absl::StatusOr<std::vector<v1::SessionSummary>> List(const std::string& prefix);
+  virtual absl::StatusOr<std::vector<v1::SessionSummary>> List(const std::string& prefix);
   // Token ids of committed records [begin, end).
-  absl::StatusOr<std::vector<int>> TokenIds(const std::string& id, int64_t begin, int64_t end);
+  virtual absl::StatusOr<std::vector<int>> TokenIds(const std::string& id, int64_t begin, int64_t end);
 
   // FAILED_PRECONDITION when a stored session was written for another model
   // (fingerprint or dimensions differ).

@@ -232,9 +232,7 @@ int main(int argc, char** argv) {
   so.max_queued = static_cast<int>(*max_queued);
   so.prefill_chunk = static_cast<int>(*chunk);
   auto scheduler = std::make_unique<Scheduler>(so, model->get(), cluster->get(), &sessions);
-  SessionManagerOptions smo;
-  smo.credentials = security->cluster.channel();
-  SessionManager manager(smo, &sessions, scheduler.get(), cluster->get(), std::move(store));
+  SessionManager manager(SessionManagerOptions{}, &sessions, scheduler.get(), cluster->get(), std::move(store));
   scheduler->SetTurnListener([&manager](const TurnEnd& t) { manager.OnTurnEnd(t); });
 
   grpc::EnableDefaultHealthCheckService(true);

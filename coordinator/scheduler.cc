@@ -64,7 +64,11 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 Scheduler::Scheduler(SchedulerOptions options, const ModelContext* model, Pipeline* pipeline,
                      SessionTable* sessions)
-    : options_(options), model_(model), pipeline_(pipeline), sessions_(sessions) {
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      model_(model),
+      pipeline_(pipeline),
+      sessions_(sessions) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -105,7 +109,7 @@ absl::Status Scheduler::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> s
   r->key = key;
   r->sink = std::move(sink);
   r->deadline = deadline;
-  r->t_submit = absl::Now();
+  r->t_submit = clock_->Now();
   const int64_t ctx_len = model_->config.max_position_embeddings;
   if (!spec.session_id.empty()) {
     absl::Status st;
@@ -181,7 +185,7 @@ void Scheduler::PromoteLocked() {
     if (it == requests_.end()) continue;
     Request& r = *it->second;
     r.running = true;
-    r.t_start = absl::Now();
+    r.t_start = clock_->Now();
     ++stats_.running;
   }
   stats_.queued = static_cast<int64_t>(queue_.size());
@@ -220,7 +224,7 @@ bool Scheduler::Abort(const std::string& request_id, const std::string& owner) {
 void Scheduler::FinishLocked(Request& r, v1::FinishReason reason, const absl::Status& status) {
   if (r.finished) return;
   r.finished = true;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (status.ok()) {
     std::string tail;
     if (r.decoder && reason != v1::FINISH_REASON_STOP) {
@@ -320,7 +324,7 @@ void Scheduler::ReleaseLocked(Request& r) {
 }
 
 void Scheduler::HandleTokenLocked(Request& r, const v1::SampledToken& t, std::vector<Request*>* done) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   const int token = t.token();
   if (r.t_first == absl::Time()) r.t_first = now;
   r.t_last = now;
@@ -460,7 +464,7 @@ void Scheduler::OnPipelineUp(int num_stages, int64_t epoch) {
 }
 
 void Scheduler::CheckDeadlinesLocked() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   std::vector<Request*> expired;
   for (auto& [k, r] : requests_) {
     if (!r->finished && r->deadline && now >= *r->deadline) expired.push_back(r.get());

@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "coordinator/request.h"
 #include "coordinator/sessions.h"
 #include "model/stop_matcher.h"
@@ -68,6 +69,9 @@ struct SchedulerOptions {
   int max_queued = 256;     // requests waiting for a running slot
   int prefill_chunk = 256;  // most prompt tokens of one sequence per step
   int batch_tokens = 1024;  // most tokens per micro-batch
+  // Time for deadlines and the final message's timings (tests pass a fake);
+  // null: Clock::Real(). REQUIRES: outlives the scheduler.
+  Clock* clock = nullptr;
 };
 
 // What the scheduler reports when a session's turn ends (for the KV store's
@@ -134,6 +138,7 @@ class Scheduler {
   Request* FindLocked(const GenerateSink* sink);
 
   const SchedulerOptions options_;
+  Clock* const clock_;
   const ModelContext* const model_;
   Pipeline* const pipeline_;
   SessionTable* const sessions_;

@@ -9,13 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "grpcpp/grpcpp.h"
-#include "strata/v1/worker.grpc.pb.h"
-#include "worker/stage_link.h"
 
 namespace strata::coordinator {
 namespace {
-
 
 // "POSITION:TOKEN" -> (position, token).
 std::optional<std::pair<int64_t, int>> ParsePending(const v1::SessionInfo& info) {
@@ -213,7 +209,8 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
         "the cluster is not ready: a stage is missing or its layers are loading; retry shortly");
   }
   const uint64_t seq = scheduler_->NewSeqId();
-  std::vector<std::future<std::pair<grpc::Status, v1::LoadSessionResponse>>> calls;
+  WorkerClient* const workers = cluster_->worker_client();
+  std::vector<std::future<std::pair<absl::Status, v1::LoadSessionResponse>>> calls;
   for (const auto& stage : stages) {
     v1::LoadSessionRequest req;
     req.set_epoch(epoch);
@@ -224,11 +221,9 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
     req.set_append_from(keep);
     const std::string address = stage.address;
     const absl::Duration timeout = options_.load_timeout;
-    calls.push_back(std::async(std::launch::async, [req, address, timeout, creds = options_.credentials] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+    calls.push_back(std::async(std::launch::async, [workers, req, address, timeout] {
       v1::LoadSessionResponse resp;
-      grpc::Status st = v1::Worker::NewStub(worker::InternalChannel(address, creds))->LoadSession(&ctx, req, &resp);
+      absl::Status st = workers->LoadSession(address, req, timeout, &resp);
       return std::make_pair(st, resp);
     }));
   }
@@ -237,13 +232,13 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
   for (size_t i = 0; i < calls.size(); ++i) {
     auto [st, resp] = calls[i].get();
     if (!st.ok() && failure.ok()) {
-      auto code = static_cast<absl::StatusCode>(st.error_code());
+      auto code = st.code();
       // A stage re-assigned meanwhile (ABORTED) or too slow: the client may retry.
       if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kAborted) {
         code = absl::StatusCode::kUnavailable;
       }
       failure = absl::Status(code, absl::StrCat("loading session '", id, "' on stage ", i, " (", stages[i].worker,
-                                                " at ", stages[i].address, "): ", st.error_message()));
+                                                " at ", stages[i].address, "): ", st.message()));
     }
     if (i == 0) ids.assign(resp.token_ids().begin(), resp.token_ids().end());
   }
@@ -280,12 +275,10 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
 
 void SessionManager::FreeOnStages(uint64_t seq_id, const std::vector<Cluster::StageView>& stages) {
   for (const auto& stage : stages) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     v1::FreeSequencesRequest req;
     req.add_seq_ids(seq_id);
-    v1::FreeSequencesResponse resp;
-    v1::Worker::NewStub(worker::InternalChannel(stage.address, options_.credentials))->FreeSequences(&ctx, req, &resp);  // best effort: a new epoch forgets it anyway
+    // Best effort: a new epoch forgets it anyway.
+    cluster_->worker_client()->FreeSequences(stage.address, req, absl::Seconds(2)).IgnoreError();
   }
 }
 

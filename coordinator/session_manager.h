@@ -39,7 +39,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/security/credentials.h"
 #include "coordinator/cluster.h"
 #include "coordinator/kv_client.h"
 #include "coordinator/request.h"
@@ -58,8 +57,6 @@ struct SessionManagerOptions {
   absl::Duration load_timeout = absl::Seconds(300);
   // A turn's watermark is dropped when its rows are not committed by then.
   absl::Duration finalize_timeout = absl::Seconds(120);
-  // Channels to the other daemons of the cluster (common/cluster_security.h).
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
 };
 
 inline constexpr char kPendingKey[] = "strata.pending";

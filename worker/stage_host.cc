@@ -440,9 +440,10 @@ absl::Status StageHost::EnsureLinkLocked() {
   const uint64_t gen = link_generation_;
   const std::string name = absl::StrCat("stage ", request_.stage() + 1);
   auto link = StageLink::Open(
-      request_.next_address(), options_.credentials, name, absl::Seconds(2),
+      request_.next_address(), name, absl::Seconds(2),
       [this](v1::StageResult&& r) { OnDownstreamResult(std::move(r)); },
-      [this, gen](const absl::Status& st) { OnDownstreamBroken(gen, st); });
+      [this, gen](const absl::Status& st) { OnDownstreamBroken(gen, st); },
+      options_.dialer ? options_.dialer : GrpcStageDialer(options_.credentials));
   if (!link.ok()) return link.status();
   link_ = std::move(*link);
   return absl::OkStatus();

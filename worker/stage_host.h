@@ -67,6 +67,8 @@ struct StageHostOptions {
   // AssignLayers loads only model directories under this one (after
   // resolving links); empty: every directory is refused.
   std::string model_root;
+  // Opens the stream to the next stage (tests pass a fake); empty: gRPC.
+  StageDialer dialer;
 };
 
 // INVALID_ARGUMENT unless 0 <= layer_begin < layer_end, 0 <= stage <

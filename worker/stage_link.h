@@ -4,6 +4,9 @@
 // when the stream ends (peer gone, cancelled, error) `on_broken` is called
 // once with the status, naming the peer.
 //
+// The stream itself is a StageStream: gRPC in production (DialGrpcStage),
+// a fake in tests (worker/testing/fake_stage_stream.h).
+//
 // Thread-safety: Send() may be called from any thread (writes are serialised:
 // one write in flight). Callbacks run on the reader thread and must not call
 // the destructor. The destructor cancels the stream and joins the reader.
@@ -28,23 +31,59 @@ namespace strata::worker {
 // keepalive so a dead peer is noticed within seconds).
 grpc::ChannelArguments InternalChannelArgs();
 
+// One open Worker.Execute stream, from the sending side.
+// Thread-safety: Write is called by one thread at a time and Read / Finish by
+// another (the link's reader); Cancel may be called from any thread at any
+// time.
+class StageStream {
+ public:
+  virtual ~StageStream() = default;
+  // Sends one message; false once the stream is broken.
+  virtual bool Write(const v1::StageMessage& msg) = 0;
+  // Blocks for the next result; false once the stream has ended.
+  virtual bool Read(v1::StageResult* result) = 0;
+  // After Read returned false: how the stream ended (OK: the peer closed it).
+  virtual absl::Status Finish() = 0;
+  // Ends the stream from this side: a blocked Read returns false.
+  virtual void Cancel() = 0;
+};
+
+// Connects to `address` (waiting at most `connect_timeout`) and opens an
+// Execute stream. Errors are UNAVAILABLE with a message that completes
+// "<peer> at <address> ..." (e.g. "is not reachable").
+using StageDialer = std::function<absl::StatusOr<std::unique_ptr<StageStream>>(const std::string& address,
+                                                                              absl::Duration connect_timeout)>;
+
 // A channel to another daemon of the cluster with InternalChannelArgs and
 // the cluster's credentials (common/cluster_security.h).
 std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address,
                                                const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+
+// The gRPC dialer: a channel with InternalChannelArgs and `credentials` (the
+// cluster's, common/cluster_security.h) per stream.
+absl::StatusOr<std::unique_ptr<StageStream>> DialGrpcStage(const std::string& address,
+                                                           const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                                                           absl::Duration connect_timeout);
+StageDialer GrpcStageDialer(std::shared_ptr<grpc::ChannelCredentials> credentials);
 
 class StageLink {
  public:
   using ResultFn = std::function<void(v1::StageResult&&)>;
   using BrokenFn = std::function<void(const absl::Status&)>;
 
-  // Connects (waiting at most `connect_timeout`) and opens the stream.
-  // UNAVAILABLE naming `peer_name` and the address when it cannot.
+  // Connects through `dial` (GrpcStageDialer with the cluster's
+  // credentials, or a test's fake), waiting at most `connect_timeout`, and
+  // starts reading. UNAVAILABLE naming `peer_name` and the address when it
+  // cannot.
   static absl::StatusOr<std::unique_ptr<StageLink>> Open(const std::string& address,
-                                                         const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                                                          const std::string& peer_name,
                                                          absl::Duration connect_timeout,
-                                                         ResultFn on_result, BrokenFn on_broken);
+                                                         ResultFn on_result, BrokenFn on_broken,
+                                                         const StageDialer& dial);
+  // Starts a link on an open stream.
+  static std::unique_ptr<StageLink> Start(const std::string& address, const std::string& peer_name,
+                                          std::unique_ptr<StageStream> stream, ResultFn on_result,
+                                          BrokenFn on_broken);
   ~StageLink();
 
   // Sends one batch (header and rows). UNAVAILABLE once the stream is broken.
@@ -58,10 +97,7 @@ class StageLink {
 
   const std::string address_;
   const std::string peer_name_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Worker::Stub> stub_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::StageResult>> stream_;
+  std::unique_ptr<StageStream> stream_;
   std::mutex write_mu_;  // one write in flight
   bool write_failed_ = false;  // guarded by write_mu_
   std::thread reader_;

@@ -57,7 +57,8 @@ absl::StatusOr<std::optional<Batch>> BatchAssembler::Add(v1::StageMessage&& msg)
     return absl::InvalidArgumentError(absl::StrCat("rows of batch ", c.batch_id(), " without its header"));
   }
   const int64_t h = current_->header.hidden_size();
-  if (c.row_offset() * h != next_float_ || c.data().size() % (h * sizeof(float)) != 0 ||
+  // next_float_ is a whole number of rows; comparing rows never overflows.
+  if (c.row_offset() != next_float_ / h || c.data().size() % (h * sizeof(float)) != 0 ||
       next_float_ + static_cast<int64_t>(c.data().size() / sizeof(float)) >
           static_cast<int64_t>(current_->hidden.size())) {
     return absl::InvalidArgumentError(absl::StrCat("rows of batch ", c.batch_id(), " at row ", c.row_offset(),

@@ -1,5 +1,6 @@
 #include "worker/stage_wire.h"
 
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 
@@ -64,6 +65,22 @@ TEST(StageWireTest, RejectsRowsWithoutHeaderOrOutOfOrder) {
   EXPECT_EQ(d.Add(std::move(huge)).status().code(), absl::StatusCode::kInvalidArgument);
   BatchAssembler e;
   EXPECT_EQ(e.Add(v1::StageMessage()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Regression: row_offset * hidden_size was computed in int64 before the
+// check, so an offset like 2^62 with 4 floats per row overflowed (undefined
+// behaviour; in practice it wrapped to 0 and the chunk was taken as the first
+// rows) instead of ending the stream with INVALID_ARGUMENT.
+TEST(StageWireTest, RowOffsetOverflowIsRejected) {
+  std::vector<float> x(8 * 4, 1.0f);
+  for (int64_t bogus : {int64_t{1} << 62, (int64_t{1} << 62) + 1, int64_t{-1}, INT64_MIN, INT64_MAX}) {
+    auto msgs = EncodeBatch(Header(1, 8, 4), x.data(), 1024);
+    ASSERT_EQ(msgs.size(), 2u);
+    msgs[1].mutable_hidden()->set_row_offset(bogus);
+    BatchAssembler a;
+    ASSERT_TRUE(a.Add(std::move(msgs[0])).ok());
+    EXPECT_EQ(a.Add(std::move(msgs[1])).status().code(), absl::StatusCode::kInvalidArgument) << bogus;
+  }
 }
 
 }  // namespace
