@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/test_util.h"
 
 namespace strata::cuda {
@@ -23,8 +24,7 @@ class LayerOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+    seed_ = strata::testing::TestSeed();
   }
   uint64_t seed_ = 0;
 };

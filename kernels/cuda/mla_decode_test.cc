@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/kv_layout.h"
 #include "kernels/cuda/reference.h"
 #include "kernels/cuda/test_util.h"
@@ -46,7 +47,7 @@ class MlaDecodeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
+    seed_ = strata::testing::TestSeed();
     int dev = 0;
     STRATA_CUDA_OK(cudaGetDevice(&dev));
     STRATA_CUDA_OK(cudaDeviceGetAttribute(&policy_.num_sms, cudaDevAttrMultiProcessorCount, dev));

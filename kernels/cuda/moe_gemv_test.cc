@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
 
@@ -155,7 +156,7 @@ class MoeGemvTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
+    seed_ = strata::testing::TestSeed();
   }
   uint64_t seed_ = 0;
 };

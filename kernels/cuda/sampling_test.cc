@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
 #include "model/sampler.h"
@@ -23,7 +24,6 @@ namespace strata::cuda {
 namespace {
 
 using testing::DeviceBuffer;
-using testing::FreshSeed;
 using testing::HaveDevice;
 using testing::Rng;
 
@@ -157,7 +157,7 @@ void CheckLogprobs(const SampleLogprobs& want, const SampleLogprobsOut& got, int
 }
 
 void CheckAgainstSampler(int vocab, const std::vector<int>& kinds, int draws) {
-  const uint64_t seed = FreshSeed();
+  const uint64_t seed = strata::testing::TestSeed();
   std::printf("vocab %d, seed %llu\n", vocab, static_cast<unsigned long long>(seed));
   Rng rng(seed);
   std::vector<Case> cases;

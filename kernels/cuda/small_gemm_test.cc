@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/test_util.h"
 
 namespace strata::cuda {
@@ -31,8 +32,7 @@ class SmallGemmTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+    seed_ = strata::testing::TestSeed();
   }
 
   // Runs one case on fresh data; returns y. Checks every output against the

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/testing/scratch_dir.h"
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/random_model.h"
@@ -348,8 +349,8 @@ std::string DeepseekShapedModel(int topk, int layers = 3, int dense_layers = -1)
   return d.string();
 }
 
-std::vector<int> RandomTokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
+std::vector<int> RandomTokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::vector<int> t(n);
   for (int& x : t) x = static_cast<int>(rng() % vocab);
   return t;
@@ -365,7 +366,7 @@ std::vector<int> RandomTokens(int n, int vocab, uint32_t seed) {
 TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = DeepseekShapedModel(256, 1);
-  const uint32_t seed = std::random_device{}();
+  const uint64_t seed = strata::testing::TestSeed();
   const std::vector<int> tokens = RandomTokens(150, 320, seed);
   const CpuRun cpu = RunCpu(dir, tokens, 100);
   for (bool tuned : {true, false}) {
@@ -393,9 +394,9 @@ TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
     const SplitError err = LogitErrorAroundFlip(cpu.logits, gpu.logits, V, T, tuned ? T : cd.first_position);
     const float max_ref = MaxAbs(cpu.logits);
     std::printf("DeepSeek-shaped, %s kernels: max |gpu - cpu| / max|cpu| = %.3g before the first code flip "
-                "(position %lld), %.3g after, cosine %.7f (seed %u)\n",
+                "(position %lld), %.3g after, cosine %.7f (seed %llu)\n",
                 tuned ? "tuned" : "generic", err.before / max_ref, static_cast<long long>(cd.first_position),
-                err.after / max_ref, cosine, seed);
+                err.after / max_ref, cosine, static_cast<unsigned long long>(seed));
     EXPECT_LE(err.before, (tuned ? 2e-2f : 1e-3f) * max_ref) << "seed " << seed;
     EXPECT_LE(err.after, 1e-2f * max_ref) << "seed " << seed;
     if (!tuned) EXPECT_TRUE(cd.first_are_one_ulp) << "the first differing codes are not neighbours; seed " << seed;
@@ -411,7 +412,7 @@ TEST(GpuEngineTest, TunedKernelsMatchCpuEngine) {
 TEST(GpuEngineTest, TunedIndexerSelectsAsCpuEngine) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = DeepseekShapedModel(64);
-  const uint32_t seed = std::random_device{}();
+  const uint64_t seed = strata::testing::TestSeed();
   const std::vector<int> tokens = RandomTokens(150, 320, seed);
   const CpuRun cpu = RunCpu(dir, tokens, 100);
   for (bool tuned : {true, false}) {
@@ -439,9 +440,9 @@ TEST(GpuEngineTest, TunedIndexerSelectsAsCpuEngine) {
       }
     }
     std::printf("DeepSeek-shaped top-64, %s kernels: identical selections %lld of %lld, positions in common %.4f "
-                "(seed %u)\n",
+                "(seed %llu)\n",
                 tuned ? "tuned" : "generic", static_cast<long long>(same), static_cast<long long>(compared),
-                static_cast<double>(common) / total, seed);
+                static_cast<double>(common) / total, static_cast<unsigned long long>(seed));
     ASSERT_GT(compared, 0);
     EXPECT_GE(static_cast<double>(common) / total, tuned ? 0.98 : 0.995) << "seed " << seed;
   }
@@ -708,7 +709,7 @@ TEST(GpuEngineTest, ArgmaxRowsFollowsSamplerRules) {
   SKIP_WITHOUT_DEVICE();
   const int n = 129280;  // DeepSeek's vocabulary
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(strata::testing::TestSeed());
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<std::vector<float>> rows;
   for (int r = 0; r < 4; ++r) {  // fresh random rows
@@ -937,7 +938,7 @@ TEST(GpuEngineTest, WarmUpChangesNothingALaterStepSees) {
 TEST(GpuEngineTest, LargeMoeStepsOnTensorCoresMatchSingleRowSteps) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = DeepseekShapedModel(256, 2, /*dense_layers=*/1);
-  const uint32_t seed = std::random_device{}();
+  const uint64_t seed = strata::testing::TestSeed();
   const std::vector<int> tokens = RandomTokens(48, 320, seed);
   std::vector<float> logits[2];
   for (int one_by_one = 0; one_by_one < 2; ++one_by_one) {
@@ -977,7 +978,7 @@ TEST(GpuEngineTest, LargeMoeStepsOnTensorCoresMatchSingleRowSteps) {
     }
   }
   std::printf("MoE on tensor cores vs matrix-vector: %d of %d positions within 2e-2 of max |logit| (worst of "
-              "those %.3g) (seed %u)\n", close, T, worst_close / max_ref, seed);
+              "those %.3g) (seed %llu)\n", close, T, worst_close / max_ref, static_cast<unsigned long long>(seed));
   EXPECT_GE(close, T * 9 / 10) << "seed " << seed;
 }
 
