@@ -23,7 +23,6 @@ namespace ref = reference;
 class DsaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
     seed_ = strata::testing::TestSeed();
   }
 
