@@ -255,7 +255,8 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
     FreeOnStages(seq, stages);
     return failure;
   }
-  sessions_->Update(id, true, [&](SessionEntry& s) {
+  // (epoch copied: clang 14 cannot capture a structured binding)
+  sessions_->Update(id, true, [&, epoch = epoch](SessionEntry& s) {
     s.seq_id = seq;
     s.epoch = epoch;
     if (memory) {

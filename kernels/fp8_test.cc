@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 
 namespace strata::fp8 {
@@ -94,7 +95,7 @@ TEST(Fp8Test, SignedZeroAndNaN) {
 }
 
 TEST(Fp8Test, MatchesExhaustiveNearestOnRandomFloats) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(strata::testing::TestSeed());
   std::uniform_real_distribution<float> expo(-14.0f, 10.0f);
   std::uniform_int_distribution<uint32_t> any_bits;
   for (int i = 0; i < 200000; ++i) {
@@ -109,7 +110,7 @@ TEST(Fp8Test, MatchesExhaustiveNearestOnRandomFloats) {
 }
 
 TEST(Fp8Test, QuantizeRowArithmetic) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(strata::testing::TestSeed());
   std::normal_distribution<float> n01(0.0f, 3.0f);
   std::vector<float> x(512);
   for (auto& v : x) v = n01(rng);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/testing/scratch_dir.h"
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "model/layer_ops.h"
 #include "model/random_model.h"
@@ -52,10 +53,10 @@ class EngineTest : public ::testing::Test {
   void TearDown() override {
     for (const auto& d : dirs_) fs::remove_all(d);
   }
-  static std::vector<int> RandomTokens(int n, int vocab) {
-    std::mt19937 rng(std::random_device{}());
+  // Random tokens from the test's generator (one seed per test, printed).
+  std::vector<int> RandomTokens(int n, int vocab) {
     std::vector<int> t(n);
-    for (auto& x : t) x = static_cast<int>(rng() % vocab);
+    for (auto& x : t) x = static_cast<int>(rng_() % vocab);
     return t;
   }
   // Logits of every position, one token per step (the decode path).
@@ -77,6 +78,7 @@ class EngineTest : public ::testing::Test {
     return all;
   }
   std::vector<std::string> dirs_;
+  std::mt19937 rng_{strata::testing::TestSeed()};
 };
 
 TEST_F(EngineTest, PrefillAndDecodeGiveTheSameBits) {

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -26,7 +27,7 @@ std::vector<float> RandomRow(std::mt19937& rng, int n, float scale) {
 
 TEST(SequenceKvTest, QuantizedRowEqualsTheRowAppendRowProduced) {
   constexpr int kLora = 40, kRope = 8, kIndex = 12, kTokens = 23;
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(strata::testing::TestSeed());
   SequenceKv from_floats(3, kLora, kRope, kIndex, KvDtype::kFp8, false);
   for (int t = 0; t < kTokens; ++t) {
     for (int l = 0; l < 3; ++l) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 
 namespace strata::testing_util {
@@ -113,12 +114,10 @@ class ScratchDirTest : public ::testing::Test {
                .string();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    seed_ = std::random_device{}();
+    seed_ = strata::testing::TestSeed();  // printed; STRATA_TEST_SEED replays it
     rng_.seed(seed_);
-    ::testing::Test::RecordProperty("seed", std::to_string(seed_));
   }
   void TearDown() override {
-    if (HasFailure()) std::cerr << "random seed of this test: " << seed_ << "\n";
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }

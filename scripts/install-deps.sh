@@ -8,7 +8,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-dev
+  # the sanitize and fuzz stages of scripts/test.sh: clang, its sanitizer and
+  # libFuzzer runtimes (libclang-rt-dev), llvm-symbolizer for readable reports
+  clang libclang-rt-dev llvm
   python3 python3-grpcio python3-grpc-tools
   openssl
 )

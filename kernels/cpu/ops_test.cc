@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 
 namespace strata::cpu {
@@ -17,7 +18,7 @@ std::vector<float> Random(int64_t n, std::mt19937& rng) {
 }
 
 TEST(CpuOpsTest, LinearMatchesDoubleReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(strata::testing::TestSeed());
   ThreadPool pool(3);
   for (auto [rows, in, out] : {std::tuple{1, 7, 5}, {3, 64, 33}, {17, 130, 257}, {2, 1000, 40}}) {
     auto x = Random(rows * in, rng), w = Random(out * in, rng), b = Random(out, rng);
@@ -37,7 +38,7 @@ TEST(CpuOpsTest, LinearMatchesDoubleReference) {
 }
 
 TEST(CpuOpsTest, LinearIsBatchInvariant) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(strata::testing::TestSeed());
   ThreadPool pool(2);
   const int in = 300, out = 77, rows = 9;
   auto x = Random(rows * in, rng), w = Random(out * in, rng);
@@ -50,7 +51,7 @@ TEST(CpuOpsTest, LinearIsBatchInvariant) {
 }
 
 TEST(CpuOpsTest, Norms) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(strata::testing::TestSeed());
   const int n = 96;
   auto x = Random(n, rng), w = Random(n, rng), b = Random(n, rng);
   std::vector<float> y(n);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/reference.h"
 #include "kernels/cuda/test_util.h"
 
@@ -22,8 +23,7 @@ namespace ref = reference;
 class DsaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
+    seed_ = strata::testing::TestSeed();
   }
 
   // Runs top-k on the device over host scores; returns [batch][k]. Runs the

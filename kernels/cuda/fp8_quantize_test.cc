@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/kv_layout.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/fp8.h"
@@ -18,12 +19,7 @@ namespace {
 
 using testing::DeviceBuffer;
 
-class Fp8QuantizeTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class Fp8QuantizeTest : public ::testing::Test {};
 
 // Rows of several kinds: normal data, data hitting rounding ties of the fp8
 // grid exactly (amax 448 makes inv exactly 1), specials, tiny and huge rows.
@@ -57,7 +53,7 @@ std::vector<float> MakeRows(testing::Rng& rng, int rows, int n) {
 }
 
 TEST_F(Fp8QuantizeTest, MatchesCpuBitForBit) {
-  const uint64_t seed = testing::FreshSeed();
+  const uint64_t seed = strata::testing::TestSeed();
   SCOPED_TRACE(seed);
   testing::Rng rng(seed);
   for (int n : {1, 31, 64, 128, 512, 577, 4096}) {
@@ -88,7 +84,7 @@ TEST_F(Fp8QuantizeTest, MatchesCpuBitForBit) {
 }
 
 TEST_F(Fp8QuantizeTest, AppendKvRowsWritesTheSlotsTheCpuWould) {
-  const uint64_t seed = testing::FreshSeed();
+  const uint64_t seed = strata::testing::TestSeed();
   SCOPED_TRACE(seed);
   testing::Rng rng(seed);
   const int n_tokens = 150, n_pages = 5;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
 
@@ -14,9 +15,7 @@ namespace strata::cuda {
 namespace {
 
 using testing::DeviceBuffer;
-using testing::FreshSeed;
 using testing::FromBf16Bits;
-using testing::HaveDevice;
 using testing::Rng;
 using testing::ToBf16Bits;
 
@@ -72,9 +71,7 @@ GemmArgs ArgsFor(const Problem& p, int m, const DeviceBuffer& x, const DeviceBuf
 }
 
 TEST(GemmRunnerTest, EveryRowCountIsRightAndRowClassesShareAQuery) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  const uint64_t seed = FreshSeed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = strata::testing::TestSeed();
   const Problem p = MakeProblem(/*max_m=*/600, /*n=*/384, /*k=*/512, seed);
   DeviceBuffer x(p.x.size() * 2), w(p.w.size() * 2), y(static_cast<size_t>(p.max_m) * p.n * 4);
   x.Upload(p.x.data(), p.x.size() * 2);
@@ -107,9 +104,7 @@ TEST(GemmRunnerTest, EveryRowCountIsRightAndRowClassesShareAQuery) {
 // accumulate: y += x W^T on top of what y holds, through cuBLASLt and
 // through the plain kernel, for a decode-sized and a prefill-sized m.
 TEST(GemmRunnerTest, AccumulateAddsToTheOutput) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  const uint64_t seed = FreshSeed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = strata::testing::TestSeed();
   const Problem p = MakeProblem(/*max_m=*/300, /*n=*/256, /*k=*/384, seed);
   DeviceBuffer x(p.x.size() * 2), w(p.w.size() * 2), y(static_cast<size_t>(p.max_m) * p.n * 4);
   x.Upload(p.x.data(), p.x.size() * 2);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/test_util.h"
 
 namespace strata::cuda {
@@ -27,7 +28,7 @@ TEST(KvLayoutTest, OffsetsFollowTheDesign) {
 }
 
 TEST(KvLayoutTest, PackPlacesEveryFieldWhereTheLayoutSays) {
-  testing::Rng rng(testing::FreshSeed());
+  testing::Rng rng(strata::testing::TestSeed());
   std::vector<uint8_t> page(kPageBytes, 0);
   for (int slot : {0, 1, 37, 63}) {
     const std::vector<uint8_t> row = RandomBytes(rng, kV2RowBytes);
@@ -40,7 +41,7 @@ TEST(KvLayoutTest, PackPlacesEveryFieldWhereTheLayoutSays) {
 }
 
 TEST(KvLayoutTest, RowsRoundTripBitExactAcrossPages) {
-  const uint64_t seed = testing::FreshSeed();
+  const uint64_t seed = strata::testing::TestSeed();
   SCOPED_TRACE(seed);
   testing::Rng rng(seed);
   // Rows as one layer's slice of consecutive records (stride = a record size),

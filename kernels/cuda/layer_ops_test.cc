@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/test_util.h"
 
 namespace strata::cuda {
@@ -22,9 +23,7 @@ using testing::DeviceBuffer;
 class LayerOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+    seed_ = strata::testing::TestSeed();
   }
   uint64_t seed_ = 0;
 };
@@ -140,8 +139,15 @@ TEST_F(LayerOpsTest, RopeMatchesTheCpu) {
     EXPECT_EQ(bad, 0);
     EXPECT_EQ(untouched_bad, 0);
   }
-  DeviceBuffer dx(64);
-  EXPECT_EQ(LaunchRope(dx.as<float>(), 1, 8, 1, 8, 7, nullptr, nullptr, 1.0f, false, nullptr), cudaErrorInvalidValue);
+}
+
+// Refused before any CUDA call (the data is never read): runs without a device.
+TEST(LayerOpsHostTest, RopeRefusesAnOddOrOutOfRangeDimension) {
+  float x[64] = {};
+  for (int dim : {7, 0, -2, 8194}) {
+    EXPECT_EQ(LaunchRope(x, 1, 8, 1, 8, dim, nullptr, nullptr, 1.0f, false, nullptr), cudaErrorInvalidValue)
+        << "dim " << dim;
+  }
 }
 
 // GEMM inputs as hi + lo bf16 rows, from a strided batch (gaps between rows

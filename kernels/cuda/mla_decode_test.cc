@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/kv_layout.h"
 #include "kernels/cuda/reference.h"
 #include "kernels/cuda/test_util.h"
@@ -45,8 +46,7 @@ struct Outputs {
 class MlaDecodeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
+    seed_ = strata::testing::TestSeed();
     int dev = 0;
     STRATA_CUDA_OK(cudaGetDevice(&dev));
     STRATA_CUDA_OK(cudaDeviceGetAttribute(&policy_.num_sms, cudaDevAttrMultiProcessorCount, dev));
@@ -353,7 +353,7 @@ TEST_F(MlaDecodeTest, BatchInvariantAndDeterministic) {
   Check(kv_alone, alone, oa, 8);
 }
 
-TEST(MlaSplitPolicyTest, SplitsDependOnLengthOnly) {
+TEST(MlaSplitPolicyHostTest, SplitsDependOnLengthOnly) {
   MlaSplitPolicy pol;
   pol.num_sms = 132;
   EXPECT_EQ(MlaSplitCount(0, 128, pol), 1);
@@ -387,7 +387,7 @@ TEST(MlaSplitPolicyTest, SplitsDependOnLengthOnly) {
 // lane 4r + q holding dims 2q, 2q + 1 of head r) are one run of 64 floats, and
 // so is what a merge group reads of a split (col: 4 dims of head (col / 2) % 8,
 // dims 8 (col / 16) + 4 (col % 2) of its block's eighth).
-TEST(MlaPartialLayoutTest, EveryFloatIsOwnedAndTheKernelsAccessesAreContiguous) {
+TEST(MlaPartialLayoutHostTest, EveryFloatIsOwnedAndTheKernelsAccessesAreContiguous) {
   constexpr int kSlots = 3;
   for (int heads : {1, 16, 20, 128}) {
     std::vector<int> owners(MlaPartialFloats(kSlots, heads), 0);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
 
@@ -154,8 +155,7 @@ std::vector<float> RunKernel(const Problem& p, bool tensor_cores = false, std::v
 class MoeGemvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
+    seed_ = strata::testing::TestSeed();
   }
   uint64_t seed_ = 0;
 };
@@ -278,7 +278,8 @@ TEST_F(MoeGemvTest, TensorCoreEntrysBitsDoNotDependOnTheBatch) {
   }
 }
 
-TEST_F(MoeGemvTest, TensorCoreKernelRejectsUnsupportedShapes) {
+// The shape checks come before any CUDA call: they run without a device.
+TEST(MoeGemvHostTest, TensorCoreKernelRejectsUnsupportedShapes) {
   MoeGemvParams p;
   p.rows = 1;
   p.k = 1;
@@ -294,7 +295,7 @@ TEST_F(MoeGemvTest, TensorCoreKernelRejectsUnsupportedShapes) {
   EXPECT_EQ(LaunchMoeGemm(p, nullptr), cudaErrorInvalidValue);
 }
 
-TEST_F(MoeGemvTest, RejectsWidthsThatAreNotMultiplesOfEight) {
+TEST(MoeGemvHostTest, RejectsWidthsThatAreNotMultiplesOfEight) {
   MoeGemvParams p;
   p.rows = 1;
   p.k = 1;

@@ -21,8 +21,10 @@
 // order. The draw walks the kept tokens in ranking order when top-k or top-p
 // applied, else in id order, as the host Sampler does. Compared with the
 // Sampler's float64 weights this picks the same token unless the draw lands
-// within ~1e-6 (relative) of a boundary between two tokens' shares
-// (sampling_test measures that). Logprobs: log-sum-exp in float64 over the
+// within the float weights' error of a boundary between two tokens' shares:
+// typically below 1e-7, at most a few 1e-6 (129 280 tokens), and a whole
+// token's share when a top-p or min-p cut lies that close to a token
+// (ShareErrorBound() in sampling_test.cc derives the bound). Logprobs: log-sum-exp in float64 over the
 // penalised row, the sampled token's rank, and the k most likely tokens
 // (larger logit, then lower id), with the Sampler's rules for infinities.
 //

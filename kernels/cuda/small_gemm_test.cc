@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/testing/test_seed.h"
 #include "kernels/cuda/test_util.h"
 
 namespace strata::cuda {
@@ -30,9 +31,7 @@ struct Case {
 class SmallGemmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing::FreshSeed();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+    seed_ = strata::testing::TestSeed();
   }
 
   // Runs one case on fresh data; returns y. Checks every output against the
@@ -153,12 +152,13 @@ TEST_F(SmallGemmTest, ARowsBitsDoNotDependOnTheOtherRows) {
   }
 }
 
-TEST_F(SmallGemmTest, RefusesWhatItCannotLoad) {
-  DeviceBuffer x(4096), w(4096), y(4096);
+// The checks read only the arguments (the pointers' alignment, never the
+// data), before any CUDA call: they run without a device.
+TEST(SmallGemmHostTest, RefusesWhatItCannotLoad) {
+  alignas(256) static uint8_t x[4096], w[4096], y[4096];
   GemmArgs a;
   a.type = GemmType::kBF16;
-  a.m = 1, a.n = 8, a.k = 64, a.x = x.as<void>(), a.ldx = 64, a.w = w.as<void>(), a.ldw = 64, a.y = y.as<float>(),
-  a.ldy = 8;
+  a.m = 1, a.n = 8, a.k = 64, a.x = x, a.ldx = 64, a.w = w, a.ldw = 64, a.y = reinterpret_cast<float*>(y), a.ldy = 8;
   EXPECT_TRUE(SmallGemmSupports(a));
   GemmArgs bad = a;
   bad.m = 5;
@@ -171,7 +171,7 @@ TEST_F(SmallGemmTest, RefusesWhatItCannotLoad) {
   bad.k = 60, bad.ldx = 60, bad.ldw = 60;
   EXPECT_FALSE(SmallGemmSupports(bad));
   bad = a;
-  bad.w = w.as<uint8_t>() + 2;
+  bad.w = w + 2;
   EXPECT_FALSE(SmallGemmSupports(bad));
   bad = a;
   bad.w_is_kn = true;

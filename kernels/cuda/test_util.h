@@ -1,6 +1,7 @@
 // Helpers for the GPU kernel tests and the attention benchmark: device
-// presence, checked CUDA calls, a device buffer, a fast seeded RNG and bf16
-// rounding. Host code only; not thread-safe (one per test thread).
+// presence, checked CUDA calls, a device buffer, a fast seeded RNG, the
+// benchmarks' seed and bf16 rounding. Host code only; not thread-safe (one
+// per test thread).
 #ifndef STRATA_KERNELS_CUDA_TEST_UTIL_H_
 #define STRATA_KERNELS_CUDA_TEST_UTIL_H_
 
@@ -83,13 +84,26 @@ class Rng {
   uint64_t s_;
 };
 
-// A fresh seed for every call (the tests print it); STRATA_TEST_SEED=N makes
-// every call return N, to replay a failure whose seed a test printed.
+// strata::testing::TestSeed() (common/testing/test_seed.h) for code that does
+// not link GoogleTest, the benchmarks: a fresh seed for every call, or the
+// value of STRATA_TEST_SEED (a decimal u64), printed on stderr in the same
+// words. The tests call TestSeed() itself.
 inline uint64_t FreshSeed() {
-  if (const char* fixed = std::getenv("STRATA_TEST_SEED"); fixed != nullptr && *fixed != '\0')
-    return std::strtoull(fixed, nullptr, 10);
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  uint64_t seed = 0;
+  if (const char* fixed = std::getenv("STRATA_TEST_SEED"); fixed != nullptr && *fixed != '\0') {
+    char* end = nullptr;
+    seed = std::strtoull(fixed, &end, 10);
+    if (end == fixed || *end != '\0') {
+      std::fprintf(stderr, "STRATA_TEST_SEED='%s' is not a decimal number\n", fixed);
+      std::abort();
+    }
+  } else {
+    std::random_device rd;
+    seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  std::fprintf(stderr, "seed %llu (replay: STRATA_TEST_SEED=%llu)\n", static_cast<unsigned long long>(seed),
+               static_cast<unsigned long long>(seed));
+  return seed;
 }
 
 inline uint16_t ToBf16Bits(float x) {  // round to nearest even; NaN stays NaN

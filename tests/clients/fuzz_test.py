@@ -2,7 +2,9 @@
 """Bad input never kills a server: random requests at every RPC of a running
 cluster (strata-kvstore, strata-coordinator, two strata-worker processes).
 
-Three rounds, from a seed printed at the start (STRATA_FUZZ_SEED replays one):
+Three rounds, from a seed printed at the start (STRATA_TEST_SEED replays one,
+as for every randomised test of the project; STRATA_FUZZ_SEED, its older name,
+is still read when STRATA_TEST_SEED is unset):
   1. every method of Generation, Coordinator, Worker and KVStore gets messages
      whose fields hold random or extreme values (ints at their limits, NaN and
      infinite floats, long, empty and path-like strings, big repeated fields),
@@ -39,7 +41,21 @@ MODEL = os.path.join(SOURCE, "models", "demo")  # has a tokenizer: prompts, chat
 with open(os.path.join(MODEL, "config.json")) as f:
     _config = json.load(f)
 HIDDEN, VOCAB = _config["hidden_size"], _config["vocab_size"]
-SEED = int(os.environ.get("STRATA_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 31))))
+
+
+def test_seed():
+    """The seed STRATA_TEST_SEED (or STRATA_FUZZ_SEED) names, else a fresh one,
+    as common/testing/test_seed.h draws them: a decimal u64."""
+    for name in ("STRATA_TEST_SEED", "STRATA_FUZZ_SEED"):
+        value = os.environ.get(name, "")
+        if value:
+            if not value.isdigit() or int(value) >= 1 << 64:
+                sys.exit("%s=%r is not a decimal u64" % (name, value))
+            return int(value)
+    return random.SystemRandom().getrandbits(64)
+
+
+SEED = test_seed()
 BAD_CODES = ("UNKNOWN", "INTERNAL", "DATA_LOSS", "DEADLINE_EXCEEDED")
 # Deadlines: a call answers in milliseconds here; these leave room for a
 # loaded CI machine and still end a hang (a Save that waits for rows that
@@ -133,7 +149,7 @@ class Values:
 class FuzzTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        print("seed %d (STRATA_FUZZ_SEED=%d replays it)" % (SEED, SEED), flush=True)
+        print("seed %d (replay: STRATA_TEST_SEED=%d)" % (SEED, SEED), flush=True)
         cls.tmp = tempfile.TemporaryDirectory()
         work = cls.tmp.name
         generate_stubs(SOURCE, work, ["strata/v1/generation.proto", "strata/v1/worker.proto",
