@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev
-  python3 python3-grpcio python3-grpc-tools
+  python3 python3-grpcio python3-grpc-tools python3-yaml
 )
 
 missing=()
