@@ -4,6 +4,8 @@ workers with TLS on and off and with and without a LeaderWorkerSet (and the othe
 harness.py), and every render passes the assertions in checks.py. Values the schema must refuse
 are refused. The assertions are shown to fail on broken renders (MUTATIONS below).
 
+Every value must be documented in helm/strata/README.md (docs_check.py).
+
 usage: chart_test.py SOURCE_DIR BUILD_DIR
 Exit 0: passed; 1: failed; 77: skipped (helm could not be installed).
 """
@@ -13,6 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import docs_check
 import harness
 from checks import check, COORD, COORD_INTERNAL, WORKER
 
@@ -164,6 +167,7 @@ def main():
             passed += 1
             print(f"ok   {name}")
 
+    report("every value documented in helm/strata/README.md", docs_check.check(source))
     r = harness.helm_run(helm, ["lint", "--strict", chart])
     report("helm lint --strict (default values)", [] if r.returncode == 0 else [r.stdout + r.stderr])
 
