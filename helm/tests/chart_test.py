@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docs_check
 import harness
-from checks import check, COORD, COORD_INTERNAL, WORKER
+from checks import check, grpc_name_matches, COORD, COORD_INTERNAL, WORKER
 
 
 def containers(docs, kind, name):
@@ -93,6 +93,11 @@ def _typo_flag(d):
     set_arg(c, "--gpu-kv-bytes=", "--gpu-kv-byte=17179869184")
 
 
+def _short_advertise(d):
+    _, c = containers(d, "StatefulSet", WORKER)
+    set_arg(c, "--advertise=", f"--advertise=$(POD_NAME).{WORKER}:50061")
+
+
 def _extra_env(d):
     _, c = containers(d, "StatefulSet", WORKER)
     c["env"].append({"name": "CUDA_VISIBLE_DEVICES", "value": "0"})
@@ -131,6 +136,7 @@ MUTATIONS = [
     (_internal_ready_only, "publishNotReadyAddresses"),
     (_worker_count, "--workers=3"),
     (_typo_flag, "not a flag of strata-worker"),
+    (_short_advertise, "--advertise=$(POD_NAME).prod-strata-worker:50061"),
     (_extra_env, "environment variable CUDA_VISIBLE_DEVICES"),
     (_pdb_selector, "PodDisruptionBudget selects"),
     (_wrong_secret, "from Secret other"),
@@ -168,6 +174,12 @@ def main():
             print(f"ok   {name}")
 
     report("every value documented in helm/strata/README.md", docs_check.check(source))
+    # The certificate check follows gRPC's wildcard rule: no match without a dot after the label.
+    rule = [("*.w.ns.svc.cluster.local", "w-0.w.ns.svc.cluster.local", True), ("*.w", "w-0.w", False),
+            ("*.w.ns", "w-0.w.ns", True), ("*.w.ns", "a.w-0.w.ns", False), ("kv.ns", "KV.ns", True),
+            ("*.w.ns", "w.ns", False)]
+    report("gRPC's wildcard rule", [f"{san} vs {host}: {not want}" for san, host, want in rule
+                                    if grpc_name_matches(san, host) != want])
     r = harness.helm_run(helm, ["lint", "--strict", chart])
     report("helm lint --strict (default values)", [] if r.returncode == 0 else [r.stdout + r.stderr])
 

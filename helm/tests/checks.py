@@ -40,6 +40,11 @@ class Checker:
     def __init__(self, docs, v, app_version):
         self.docs, self.v, self.errors = docs, v, []
         self.tag = v["image"]["tag"] or app_version
+        self.dialed = {}  # component -> a host name its clients dial (from the flags)
+
+    def host(self, service):
+        """The fully qualified name of a Service, as the daemons dial it."""
+        return f'{service}.{NAMESPACE}.svc.{self.v["clusterDomain"]}'
 
     def expect(self, cond, msg):
         if not cond:
@@ -296,8 +301,10 @@ class Checker:
         self.expect(flags.get("internal-listen") == f'0.0.0.0:{v["ports"]["internal"]}', f"{where}: --internal-listen")
         self.expect(v["ports"]["public"] in ports and v["ports"]["internal"] in ports, f"{where}: container ports")
         self.expect(flags.get("workers") == str(v["workers"]["count"]), f"{where}: --workers={flags.get('workers')}")
-        want_kv = f'{KVSTORE}:{v["ports"]["kvstore"]}' if v["kvstore"]["enabled"] else None
+        want_kv = f'{self.host(KVSTORE)}:{v["ports"]["kvstore"]}' if v["kvstore"]["enabled"] else None
         self.expect(flags.get("kvstore") == want_kv, f"{where}: --kvstore={flags.get('kvstore')}")
+        if flags.get("kvstore"):
+            self.dialed["kvstore"] = flags["kvstore"].rsplit(":", 1)[0]
         cv = v["coordinator"]
         for flag, key in (("max-running", "maxRunning"), ("max-queued", "maxQueued"), ("kv-dtype", "kvDtype"),
                           ("down-after-ms", "downAfterMs")):
@@ -363,9 +370,15 @@ class Checker:
         self.model(where, vols, mounts)
         self.expect(flags.get("model-root") == v["model"]["mountPath"], f"{where}: --model-root")
         port = v["ports"]["worker"]
-        self.expect(flags.get("coordinator") == f'{COORD_INTERNAL}:{v["ports"]["internal"]}', f"{where}: --coordinator")
+        self.expect(flags.get("coordinator") == f'{self.host(COORD_INTERNAL)}:{v["ports"]["internal"]}',
+                    f"{where}: --coordinator={flags.get('coordinator')}")
         self.expect(flags.get("listen") == f"0.0.0.0:{port}", f"{where}: --listen")
-        self.expect(flags.get("advertise") == f"$(POD_NAME).{WORKER}:{port}", f"{where}: --advertise")
+        self.expect(flags.get("advertise") == f"$(POD_NAME).{self.host(WORKER)}:{port}",
+                    f"{where}: --advertise={flags.get('advertise')}")
+        if flags.get("coordinator"):
+            self.dialed["coordinator"] = flags["coordinator"].rsplit(":", 1)[0]
+        if flags.get("advertise"):
+            self.dialed["worker"] = flags["advertise"].rsplit(":", 1)[0].replace("$(POD_NAME)", f"{WORKER}-0")
         self.expect(flags.get("name") == "$(POD_NAME)", f"{where}: --name")
         self.expect(port in ports, f"{where}: worker port")
         self.expect(flags.get("threads") == str(w["threads"]), f"{where}: --threads")
@@ -508,21 +521,21 @@ class Checker:
         certs = {d["spec"]["secretName"]: d for d in self.docs if d["kind"] == "Certificate"}
         issuers = {d["metadata"]["name"] for d in self.docs if d["kind"] == "Issuer"}
         cm = self.v["tls"]["certManager"]
-        dialed = {"coordinator": COORD_INTERNAL, "worker": f"{RELEASE}-strata-worker-0.{WORKER}", "kvstore": KVSTORE}
         wanted = []
         if self.cluster_tls():
             comps = ["coordinator", "worker"] + (["kvstore"] if self.v["kvstore"]["enabled"] else [])
-            wanted += [(self.cluster_secret(c), dialed[c], {"server auth", "client auth"}, cm["issuerRef"]) for c in comps]
+            wanted += [(self.cluster_secret(c), self.dialed.get(c), {"server auth", "client auth"}, cm["issuerRef"])
+                       for c in comps]
         if self.public_tls():
-            wanted.append((self.public_secret(), COORD, {"server auth"}, cm["publicIssuerRef"]
-                           if cm["publicIssuerRef"]["name"] else cm["issuerRef"]))
+            issuer = cm["publicIssuerRef"] if cm["publicIssuerRef"]["name"] else cm["issuerRef"]
+            wanted.append((self.public_secret(), COORD, {"server auth"}, issuer))
         for secret, host, usages, issuer in wanted:
             c = certs.get(secret)
             if not self.expect(c, f"no Certificate writes the mounted Secret {secret}"):
                 continue
             names = c["spec"].get("dnsNames", [])
-            covered = any(n == host or (n.startswith("*.") and host.split(".", 1)[-1] == n[2:]) for n in names)
-            self.expect(covered, f"Certificate {secret}: {host}, which clients dial, is not among {names}")
+            self.expect(host and any(grpc_name_matches(n, host) for n in names),
+                        f"Certificate {secret}: {host}, which clients dial, is not matched by {names}")
             self.expect(usages <= set(c["spec"].get("usages", [])), f"Certificate {secret}: usages")
             ref = c["spec"]["issuerRef"]
             if issuer["name"]:
@@ -532,6 +545,18 @@ class Checker:
         for d in self.docs:
             if d["kind"] == "Certificate" and d["spec"].get("isCA"):
                 self.expect(d["spec"]["issuerRef"]["name"] in issuers, "CA certificate without its self-signed issuer")
+
+
+def grpc_name_matches(san, host):
+    """gRPC's rule (does_entry_match_name in its TLS layer): an exact name, or "*.REST" where
+    the host is one label, a dot and REST, and REST holds a dot that is not its last character."""
+    san, host = san.lower().rstrip("."), host.lower().rstrip(".")
+    if san == host:
+        return True
+    if not san.startswith("*.") or len(san) < 3 or "." not in host:
+        return False
+    rest = host.split(".", 1)[1]
+    return "." in rest[:-1] and rest == san[2:]
 
 
 def check(docs, values, app_version):

@@ -43,6 +43,16 @@ Names. The full name is cut at 40 characters so that the longest derived name,
 {{- end }}
 
 {{/*
+The fully qualified name of a Service, which the daemons dial. Certificates are checked
+against it, and gRPC accepts a wildcard name (*.F-worker.NS.svc.DOMAIN, the workers') only
+when a dot follows the wildcard's label: "*.F-worker" would never match.
+(dict "ctx" $ "name" "F-worker")
+*/}}
+{{- define "strata.serviceHost" -}}
+{{- printf "%s.%s.svc.%s" .name .ctx.Release.Namespace .ctx.Values.clusterDomain }}
+{{- end }}
+
+{{/*
 Labels: the Kubernetes recommended labels. Call with (dict "ctx" $ "component" "worker").
 */}}
 {{- define "strata.selectorLabels" -}}

@@ -23,9 +23,9 @@ spec:
       {{- include "strata.containerCommon" . | nindent 6 }}
       command: [strata-worker]
       args:
-        - --coordinator={{ include "strata.coordinatorInternalName" . }}:{{ int .Values.ports.internal }}
+        - --coordinator={{ include "strata.serviceHost" (dict "ctx" $ "name" (include "strata.coordinatorInternalName" .)) }}:{{ int .Values.ports.internal }}
         - --listen=0.0.0.0:{{ int .Values.ports.worker }}
-        - --advertise=$(POD_NAME).{{ include "strata.workerName" . }}:{{ int .Values.ports.worker }}
+        - --advertise=$(POD_NAME).{{ include "strata.serviceHost" (dict "ctx" $ "name" (include "strata.workerName" .)) }}:{{ int .Values.ports.worker }}
         - --name=$(POD_NAME)
         - --model-root={{ .Values.model.mountPath }}
         {{- if $gpu }}
