@@ -174,6 +174,7 @@ def main():
             print(f"ok   {name}")
 
     report("every value documented in helm/strata/README.md", docs_check.check(source))
+    report("docs/deploy.md lists the flags the chart may pass", docs_check.check_flags(source))
     # The certificate check follows gRPC's wildcard rule: no match without a dot after the label.
     rule = [("*.w.ns.svc.cluster.local", "w-0.w.ns.svc.cluster.local", True), ("*.w", "w-0.w", False),
             ("*.w.ns", "w-0.w.ns", True), ("*.w.ns", "a.w-0.w.ns", False), ("kv.ns", "KV.ns", True),
