@@ -9,6 +9,7 @@ The tools come from the npm registry, pinned to exact versions, into <build>/hel
 When a tool cannot be installed (no npm, no registry) the test reports itself skipped (exit 77).
 """
 
+import atexit
 import copy
 import fcntl
 import json
@@ -292,7 +293,10 @@ def render(helm, source_dir, values_file):
 
 
 def new_tmp():
-    return tempfile.mkdtemp(prefix="strata-helm-")
+    """A scratch folder for values files, removed when the test exits."""
+    path = tempfile.mkdtemp(prefix="strata-helm-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def dump_json(docs):
