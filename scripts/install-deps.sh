@@ -11,7 +11,7 @@ PACKAGES=(
   # the sanitize and fuzz stages of scripts/test.sh: clang, its sanitizer and
   # libFuzzer runtimes (libclang-rt-dev), llvm-symbolizer for readable reports
   clang libclang-rt-dev llvm
-  python3 python3-grpcio python3-grpc-tools
+  python3 python3-grpcio python3-grpc-tools python3-yaml
   openssl
 )
 
