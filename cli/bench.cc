@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/remote.h"
 #include "common/flags.h"
 #include "common/temp_dir.h"
 #include "grpcpp/grpcpp.h"
@@ -29,7 +30,6 @@
 
 namespace strata::cli {
 
-std::shared_ptr<grpc::Channel> ClusterChannel(const std::string& address);
 
 namespace {
 
@@ -226,7 +226,7 @@ int Serve(const std::vector<std::string>& args) {
                              " --model ", model, "` to see why)"));
       break;
     }
-    auto stub = v1::Generation::NewStub(ClusterChannel(address));
+    auto stub = v1::Generation::NewStub(Remote::Plaintext(address).channel());
     {
       // A fresh cluster's first step pays one-time costs (GPU allocations,
       // GEMM algorithm choices): measured apart from the table.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/generation_flags.h"
+#include "cli/remote.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -53,15 +54,9 @@ const char* ReasonName(v1::FinishReason r) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> ClusterChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(16 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-
 int GenerateRemote(const std::vector<std::string>& args) {
   FlagSet flags;
-  flags.Declare("server", "address of strata-coordinator (HOST:PORT)");
+  DeclareRemoteFlags(&flags);
   flags.Declare("model", "ignored with --server");
   DeclareGenerationFlags(&flags);
   flags.Declare("kv-dtype", "ignored with --server");
@@ -124,9 +119,11 @@ int GenerateRemote(const std::vector<std::string>& args) {
   req.set_request_id(flags.Get("request-id", absl::StrCat("cli-", getpid(), "-", time(nullptr))));
   if (!flags.Has("server")) return Fail("--server is required", 2);
 
-  auto channel = ClusterChannel(flags.Get("server"));
-  auto stub = v1::Generation::NewStub(channel);
+  absl::StatusOr<Remote> remote = Remote::FromFlags(flags);
+  if (!remote.ok()) return Fail(std::string(remote.status().message()), 2);
+  auto stub = v1::Generation::NewStub(remote->channel());
   grpc::ClientContext ctx;
+  remote->Authorize(&ctx);
   if (*timeout > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000)));
   }
@@ -138,6 +135,7 @@ int GenerateRemote(const std::vector<std::string>& args) {
     while (!finished.load()) {
       if (g_stop.exchange(false)) {
         grpc::ClientContext actx;
+        remote->Authorize(&actx);
         actx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
         v1::AbortRequest ar;
         ar.set_request_id(req.request_id());

@@ -7,13 +7,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/remote.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata::cli {
 
-std::shared_ptr<grpc::Channel> ClusterChannel(const std::string& address);
 
 namespace {
 
@@ -27,7 +27,7 @@ void Print(const v1::SessionState& s) {
 
 int Session(const std::vector<std::string>& args) {
   FlagSet flags;
-  flags.Declare("server", "address of strata-coordinator (HOST:PORT)");
+  DeclareRemoteFlags(&flags);
   flags.Declare("prefix", "list: only ids starting with this");
   flags.Declare("help", "show this help", true);
   auto fail = [](const std::string& m, int code) {
@@ -41,11 +41,13 @@ int Session(const std::vector<std::string>& args) {
                 flags.Help().c_str());
     return flags.Has("help") ? 0 : 2;
   }
-  if (!flags.Has("server")) return fail("--server is required", 2);
+  absl::StatusOr<Remote> remote = Remote::FromFlags(flags);
+  if (!remote.ok()) return fail(std::string(remote.status().message()), 2);
   const std::string& verb = pos[0];
   if (verb != "list" && pos.size() != 2) return fail(absl::StrCat(verb, " needs one session id"), 2);
-  auto stub = v1::Generation::NewStub(ClusterChannel(flags.Get("server")));
+  auto stub = v1::Generation::NewStub(remote->channel());
   grpc::ClientContext ctx;
+  remote->Authorize(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   grpc::Status st;
   if (verb == "save" || verb == "resume") {

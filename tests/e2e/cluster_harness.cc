@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,15 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
   // A new directory per cluster: the coordinator's address is read back from
   // its log, so a stale log must never be there to read.
   log_dir_ = MakeScratchDir(absl::StrCat("cluster_", getpid(), "_", counter++, "_"));
+  client_credentials_ = grpc::InsecureChannelCredentials();
+  if (options_.tls) {
+    std::ifstream ca(options_.tls->ca);
+    std::stringstream pem;
+    pem << ca.rdbuf();
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = pem.str();
+    client_credentials_ = grpc::SslCredentials(o);
+  }
   if (!options_.kv_dir.empty() && !StartKvStore("127.0.0.1:0")) {
     error_ = "strata-kvstore did not start" + Exited() + "; see " + log_dir_;
     return;
@@ -57,9 +67,14 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
   std::vector<std::string> args = {Bin("coordinator", "strata-coordinator"), "--model", options_.model_dir,
                                    "--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0",
                                    "--workers", absl::StrCat(options_.workers)};
-  if (options_.insecure) {
-    args.insert(args.end(), {"--insecure-cluster", "--insecure-public", "--allow-unauthenticated"});
+  if (options_.tls) {
+    const std::string tokens = log_dir_ + "/tokens";
+    std::ofstream(tokens) << options_.api_tokens;
+    args.insert(args.end(), {"--tls-cert", options_.tls->cert, "--tls-key", options_.tls->key, "--api-tokens", tokens});
+  } else {
+    args.insert(args.end(), {"--insecure-public", "--allow-unauthenticated"});
   }
+  for (const std::string& f : ClusterFlags()) args.push_back(f);
   if (!kv_address_.empty()) args.insert(args.end(), {"--kvstore", kv_address_});
   args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   coordinator_ = Spawn(args, out);
@@ -84,8 +99,21 @@ ClusterHarness::ClusterHarness(HarnessOptions options) : options_(std::move(opti
   grpc::ChannelArguments ca;
   ca.SetMaxReceiveMessageSize(16 << 20);
   ca.SetMaxSendMessageSize(64 << 20);
-  stub_ = v1::Generation::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), ca));
+  stub_ = v1::Generation::NewStub(grpc::CreateCustomChannel(address_, client_credentials_, ca));
   if (!WaitReady(true, 60)) error_ = "the cluster did not become ready" + Exited() + "; see " + log_dir_;
+}
+
+std::vector<std::string> ClusterHarness::ClusterFlags() const {
+  if (!options_.tls) return {"--insecure-cluster"};
+  return {"--cluster-ca", options_.tls->ca, "--cluster-cert", options_.tls->cert, "--cluster-key", options_.tls->key};
+}
+
+std::shared_ptr<grpc::Channel> ClusterHarness::NewChannel() const {
+  return grpc::CreateChannel(address_, client_credentials_);
+}
+
+void ClusterHarness::Authorize(grpc::ClientContext* ctx) const {
+  if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 std::string ClusterHarness::Exited() {
@@ -142,6 +170,7 @@ void SetDeadline(grpc::ClientContext* ctx) {
 
 grpc::Status ClusterHarness::SaveSession(const std::string& id, v1::SessionState* state) {
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   SetDeadline(&ctx);
   v1::SaveSessionRequest req;
   req.set_session_id(id);
@@ -150,6 +179,7 @@ grpc::Status ClusterHarness::SaveSession(const std::string& id, v1::SessionState
 
 grpc::Status ClusterHarness::ResumeSession(const std::string& id, v1::SessionState* state) {
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   SetDeadline(&ctx);
   v1::ResumeSessionRequest req;
   req.set_session_id(id);
@@ -158,6 +188,7 @@ grpc::Status ClusterHarness::ResumeSession(const std::string& id, v1::SessionSta
 
 grpc::Status ClusterHarness::ListSessions(const std::string& prefix, v1::ListSessionsResponse* list) {
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   SetDeadline(&ctx);
   v1::ListSessionsRequest req;
   req.set_prefix(prefix);
@@ -166,6 +197,7 @@ grpc::Status ClusterHarness::ListSessions(const std::string& prefix, v1::ListSes
 
 grpc::Status ClusterHarness::DeleteSession(const std::string& id) {
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   SetDeadline(&ctx);
   v1::DeleteSessionRequest req;
   req.set_session_id(id);
@@ -192,7 +224,7 @@ void ClusterHarness::StartWorker(int i) {
   std::vector<std::string> args = {Bin("worker", "strata-worker"), "--coordinator", internal_address_, "--name",
                                    absl::StrCat("w", i), "--threads", absl::StrCat(options_.worker_threads),
                                    "--model-root", options_.model_dir};
-  if (options_.insecure) args.push_back("--insecure-cluster");
+  for (const std::string& f : ClusterFlags()) args.push_back(f);
   args.insert(args.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   workers_[i] = Spawn(args, absl::StrCat(log_dir_, "/w", i, ".log"));
 }
@@ -211,7 +243,7 @@ bool ClusterHarness::StartKvStore(const std::string& listen) {
   fs::remove(port_file);
   std::vector<std::string> args = {Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + listen,
                                    "--port-file=" + port_file, "--commit-threads=1"};
-  if (options_.insecure) args.push_back("--insecure-cluster");
+  for (const std::string& f : ClusterFlags()) args.push_back(f);
   kvstore_ = Spawn(args, log_dir_ + "/kvstore.log");
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   while (Clock::now() < deadline) {
@@ -240,7 +272,7 @@ void ClusterHarness::RestartWorker(int i) {
 }
 
 bool ClusterHarness::WaitReady(bool serving, double timeout_s) {
-  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  auto channel = NewChannel();
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   while (Clock::now() < deadline) {
     auto h = coordinator::CheckHealth(channel, "strata.v1.Generation", absl::Seconds(1));
@@ -269,6 +301,7 @@ v1::GenerateRequest ClusterHarness::ContinueTurn(const std::string& session, int
 GenerateResult ClusterHarness::Generate(const v1::GenerateRequest& req, double timeout_s) {
   GenerateResult out;
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   const auto t0 = Clock::now();
   auto reader = stub_->Generate(&ctx, req);
@@ -293,6 +326,7 @@ GenerateResult ClusterHarness::Generate(const v1::GenerateRequest& req, double t
 
 v1::StatsResponse ClusterHarness::Stats() {
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::StatsResponse resp;
   stub_->Stats(&ctx, v1::StatsRequest(), &resp);

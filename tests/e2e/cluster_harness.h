@@ -11,9 +11,11 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/testing/test_certs.h"
 #include "grpcpp/grpcpp.h"
 #include "strata/v1/generation.grpc.pb.h"
 
@@ -27,9 +29,13 @@ struct HarnessOptions {
   int worker_threads = 1;
   std::vector<std::string> worker_flags;
   // Plaintext everywhere and no API tokens (--insecure-cluster,
-  // --insecure-public, --allow-unauthenticated) unless a test passes its own
-  // security flags and sets this false.
-  bool insecure = true;
+  // --insecure-public, --allow-unauthenticated), unless `tls` is set: then
+  // every internal RPC uses mutual TLS with these files, the public port TLS
+  // with the same certificate, and the API needs the tokens of `api_tokens`
+  // (NAME:TOKEN lines; the harness calls with `token`).
+  std::optional<testing::TestCerts> tls;
+  std::string api_tokens;
+  std::string token;
 };
 
 struct GenerateResult {
@@ -57,6 +63,10 @@ class ClusterHarness {
   // The coordinator's internal port (where workers register).
   const std::string& internal_address() const { return internal_address_; }
   v1::Generation::Stub& stub() { return *stub_; }
+  // A channel to the public port with the harness's transport security.
+  std::shared_ptr<grpc::Channel> NewChannel() const;
+  // Adds the harness's API token (if any) to a call.
+  void Authorize(grpc::ClientContext* ctx) const;
 
   // Waits until the Generation service reports `serving`.
   bool WaitReady(bool serving, double timeout_s);
@@ -95,6 +105,9 @@ class ClusterHarness {
   // Starts strata-kvstore on options_.kv_dir listening at `listen` (port 0:
   // any) and waits up to 20 s for its port; sets kv_address_.
   bool StartKvStore(const std::string& listen);
+  // The internal RPCs' security flags: mutual TLS with options_.tls, or
+  // --insecure-cluster.
+  std::vector<std::string> ClusterFlags() const;
   // " (worker w1 exited with 1, ...)" for the processes that have ended
   // (reaping them), or "" when all still run.
   std::string Exited();
@@ -106,6 +119,7 @@ class ClusterHarness {
   pid_t kvstore_ = -1, coordinator_ = -1;
   std::vector<pid_t> workers_;
   std::unique_ptr<v1::Generation::Stub> stub_;
+  std::shared_ptr<grpc::ChannelCredentials> client_credentials_;
 };
 
 // a followed by b (a conversation's turns).
