@@ -16,15 +16,16 @@
 #   NCU=1          one profiler pass (Nsight Compute, clocks left alone) of the
 #                  decode kernels at B=1 T=128k
 #   SANITIZE=0     skips compute-sanitizer
-#   ATTENTION_BENCH=0, E2E_BENCH=0   skip the attention kernel benchmark or
-#                  the end-to-end synthetic DeepSeek-V3 and MoE benchmarks
+#   ATTENTION_BENCH=0, E2E_BENCH=0, FP8_BENCH=0   skip the attention kernel
+#                  benchmark, the end-to-end synthetic DeepSeek-V3 and MoE
+#                  benchmarks, or the fp8 small-M GEMM benchmark
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
 BUILD=${BUILD_DIR:-build-cuda}
 BIN=$BUILD/gpu-bin
-TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test layer_ops_cuda_test small_gemm_cuda_test sampling_cuda_test gpu_engine_test"
-BENCHES="strata_attention_bench strata_gpu_e2e_bench strata_moe_bench"
+TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test layer_ops_cuda_test small_gemm_cuda_test fp8_gemv_cuda_test sampling_cuda_test gpu_engine_test"
+BENCHES="strata_attention_bench strata_gpu_e2e_bench strata_moe_bench strata_fp8_gemv_bench"
 
 if [ "$MODE" = build ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON ${CMAKE_ARGS:-} || exit 1
@@ -107,6 +108,11 @@ if [ "${E2E_BENCH:-1}" = 1 ]; then
   done
   timeout 120 "$BIN/strata_moe_bench" 2>&1 | tee -a "$OUT/e2e.log"
   echo "moe bench rc=${PIPESTATUS[0]}"
+fi
+# fp8 block-scaled weights at small M (kernels/cuda/fp8_gemv.h).
+if [ "${FP8_BENCH:-1}" = 1 ]; then
+  timeout 120 "$BIN/strata_fp8_gemv_bench" 2>&1 | tee "$OUT/fp8_gemv.log"
+  echo "fp8 gemv bench rc=${PIPESTATUS[0]}"
 fi
 # The previous build's benchmark on the same card (quick: up to T = 128k).
 if [ -n "${PREV_BIN:-}" ] && [ -x "$PREV_BIN/strata_attention_bench" ]; then
