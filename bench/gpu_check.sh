@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:-run}
 BUILD=${BUILD_DIR:-build-cuda}
 BIN=$BUILD/gpu-bin
-TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test layer_ops_cuda_test small_gemm_cuda_test fp8_gemv_cuda_test sampling_cuda_test gpu_engine_test"
+TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test layer_ops_cuda_test small_gemm_cuda_test fp8_gemv_cuda_test fp8_gemm_cuda_test sampling_cuda_test gpu_engine_test"
 BENCHES="strata_attention_bench strata_gpu_e2e_bench strata_moe_bench strata_fp8_gemv_bench"
 
 if [ "$MODE" = build ]; then

@@ -355,7 +355,33 @@ cudaError_t LaunchMma(const Fp8GemvArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One warp per (row, group): blockIdx.y the row, warp w of block x the
+// group 8x + w; the last group's warp also zeroes the row's padding.
+__global__ void __launch_bounds__(256) QuantizeGroups128Kernel(const float* x, int m, int k, int64_t ldx,
+                                                               uint8_t* codes, int64_t ldc, float* scales) {
+  const int lane = threadIdx.x & 31, g = blockIdx.x * 8 + (threadIdx.x >> 5), i = blockIdx.y;
+  const int groups = (k + kFp8BlockSize - 1) / kFp8BlockSize;
+  if (g >= groups) return;
+  const int c0 = g * kFp8BlockSize, n = min(kFp8BlockSize, k - c0);
+  uint8_t* row = codes + static_cast<int64_t>(i) * ldc;
+  const float s = dev::QuantizeRowWarp(x + static_cast<int64_t>(i) * ldx + c0, n, row + c0, lane);
+  if (lane == 0) scales[static_cast<int64_t>(g) * m + i] = s;
+  if (g == groups - 1) {
+    for (int64_t c = k + lane; c < ldc; c += 32) row[c] = 0;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchQuantizeGroups128(const float* x, int m, int k, int64_t ldx, uint8_t* codes, int64_t ldc,
+                                    float* scales, cudaStream_t stream) {
+  if (m < 1 || k < 1 || ldx < k || ldc < k || x == nullptr || codes == nullptr || scales == nullptr || m > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const int groups = (k + kFp8BlockSize - 1) / kFp8BlockSize;
+  QuantizeGroups128Kernel<<<dim3((groups + 7) / 8, m), 256, 0, stream>>>(x, m, k, ldx, codes, ldc, scales);
+  return cudaGetLastError();
+}
 
 bool Fp8GemvSupports(const Fp8GemvArgs& a) {
   if (a.m < 1 || a.m > kFp8GemvMaxRows || a.n < 1 || a.k < 1 || a.x == nullptr || a.w == nullptr ||

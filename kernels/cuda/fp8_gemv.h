@@ -59,6 +59,16 @@ bool Fp8GemvSupports(const Fp8GemvArgs& a);
 // REQUIRES: Fp8GemvSupports(a) (else cudaErrorInvalidValue).
 cudaError_t LaunchFp8Gemv(const Fp8GemvArgs& a, cudaStream_t stream);
 
+// Quantises the activations of a block-scaled fp8 GEMM per 1×128 group, as
+// DeepSeek's inference does: for row i < m and group g (columns 128g …
+// min(128g + 128, k) - 1), the group through fp8::QuantizeRow (the same f32
+// arithmetic, bit for bit): codes[i][c] and scales[g * m + i] (the group's
+// scales of all rows contiguous: the layout cuBLASLt's VEC128_32F mode
+// reads). codes[i][k .. ldc) are set to 0.
+// REQUIRES: m, k >= 1, ldx >= k, ldc >= k.
+cudaError_t LaunchQuantizeGroups128(const float* x, int m, int k, int64_t ldx, uint8_t* codes, int64_t ldc,
+                                    float* scales, cudaStream_t stream);
+
 }  // namespace strata::cuda
 
 #endif  // STRATA_KERNELS_CUDA_FP8_GEMV_H_
