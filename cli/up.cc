@@ -153,6 +153,8 @@ int Up(const std::vector<std::string>& args) {
   flags.Declare("gpu-gemm", "with --device gpu: bf16 (default; f32 inputs enter as hi + lo bf16 terms), "
                             "bf16-rounded (inputs of steps over four rows rounded to bf16: faster prefill, "
                             "less exact) or f32 (a test mode matching the CPU engine)");
+  flags.Declare("gpu-weights", "with --device gpu: fp8 (default: weights the checkpoint stores as fp8 with block "
+                               "scales stay fp8 on the GPU, run as fp8 GEMMs) or bf16 (decoded to bf16 at load)");
   flags.Declare("synthetic-weights", "with --device gpu: generate the weights on the GPU from this seed instead of "
                                      "reading them (--model then needs only config.json)");
   flags.Declare("placement", "manual placement, e.g. 0-1:w0,2-3:w1");
@@ -187,9 +189,12 @@ int Up(const std::vector<std::string>& args) {
   const std::string device = flags.Get("device", "cpu");
   if (device != "cpu" && device != "gpu") return Fail("--device must be cpu or gpu, not '" + device + "'", 2);
   const bool gpu = device == "gpu";
-  if (!gpu && (flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm") || flags.Has("synthetic-weights"))) {
-    return Fail("--gpu-kv-bytes, --gpu-gemm and --synthetic-weights need --device gpu", 2);
+  if (!gpu && (flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm") || flags.Has("gpu-weights") ||
+               flags.Has("synthetic-weights"))) {
+    return Fail("--gpu-kv-bytes, --gpu-gemm, --gpu-weights and --synthetic-weights need --device gpu", 2);
   }
+  const std::string weights = flags.Get("gpu-weights", "fp8");
+  if (weights != "fp8" && weights != "bf16") return Fail("--gpu-weights must be fp8 or bf16, not '" + weights + "'", 2);
   const std::string gemm = flags.Get("gpu-gemm", "bf16");
   if (gemm != "bf16" && gemm != "bf16-rounded" && gemm != "f32") {
     return Fail("--gpu-gemm must be bf16, bf16-rounded or f32, not '" + gemm + "'", 2);
@@ -261,7 +266,7 @@ int Up(const std::vector<std::string>& args) {
                                       "--insecure-cluster"};
     if (gpu) {
       wargs.insert(wargs.end(), {"--device", "gpu", "--gpu-kv-bytes", flags.Get("gpu-kv-bytes", "1073741824"),
-                                 "--gpu-gemm", gemm});
+                                 "--gpu-gemm", gemm, "--gpu-weights", weights});
     }
     pid_t pid = Spawn(wargs, open("/dev/null", O_WRONLY));
     g_children.push_back({"strata-worker " + name, pid});

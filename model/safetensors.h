@@ -180,6 +180,17 @@ class TensorStore {
   absl::StatusOr<std::vector<float>> ReadF32(std::string_view name,
                                              absl::Span<const int64_t> expected_shape) const;
 
+  // An F8_E4M3 weight with 128×128 block scales as stored: its codes
+  // [rows][cols] and its scales widened to f32 [ceil(rows/128)][ceil(cols/128)]
+  // (nothing decoded). FAILED_PRECONDITION when the tensor is not F8_E4M3 or
+  // has no `<name>_scale_inv` (callers then read it with ReadF32); the
+  // shape is checked as ReadF32 checks it.
+  struct Fp8Blocks {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+  };
+  absl::StatusOr<Fp8Blocks> ReadFp8Blocks(std::string_view name, absl::Span<const int64_t> expected_shape) const;
+
   // The stored bytes, any dtype (valid while this object lives); starts the
   // kernel reading them (SafetensorsFile::Prefetch).
   absl::StatusOr<absl::Span<const uint8_t>> ReadRaw(std::string_view name) const;
@@ -220,6 +231,8 @@ class TensorStore {
   // REQUIRES: weight.info->dtype == DType::kF8E4M3.
   absl::StatusOr<const Location*> ScaleFor(const Location& weight) const;
   absl::StatusOr<std::vector<float>> ConvertF32(const Location& loc) const;
+  // INVALID_ARGUMENT naming the tensor when its shape is not `expected_shape`.
+  static absl::Status CheckShape(const Location& loc, std::string_view name, absl::Span<const int64_t> expected_shape);
 
   std::string dir_;
   // Shard file name -> file, ordered by name.

@@ -264,6 +264,38 @@ absl::StatusOr<std::vector<float>> TensorStore::ConvertF32(const Location& loc) 
   return out;
 }
 
+absl::Status TensorStore::CheckShape(const Location& loc, std::string_view name,
+                                 absl::Span<const int64_t> expected_shape) {
+  if (absl::Span<const int64_t>(loc.info->shape) == expected_shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      TensorMsg(loc.file->path(), name,
+                absl::StrCat("expected shape ", ShapeString(expected_shape), ", found ", ShapeString(loc.info->shape))));
+}
+
+absl::StatusOr<TensorStore::Fp8Blocks> TensorStore::ReadFp8Blocks(std::string_view name,
+                                                                  absl::Span<const int64_t> expected_shape) const {
+  ASSIGN_OR_RETURN(const Location loc, Locate(name));
+  const TensorInfo& info = *loc.info;
+  RETURN_IF_ERROR(CheckShape(loc, name, expected_shape));
+  if (info.dtype != DType::kF8E4M3) {
+    return absl::FailedPreconditionError(
+        TensorMsg(loc.file->path(), info.name, absl::StrCat("is ", Sv(DTypeName(info.dtype)), ", not F8_E4M3")));
+  }
+  ASSIGN_OR_RETURN(const Location* scale_loc, ScaleFor(loc));
+  if (scale_loc == nullptr) {
+    return absl::FailedPreconditionError(TensorMsg(loc.file->path(), info.name, "has no block scales"));
+  }
+  loc.file->Prefetch(info);
+  const absl::Span<const uint8_t> bytes = loc.file->Data(info);
+  const TensorInfo& s = *scale_loc->info;
+  scale_loc->file->Prefetch(s);
+  Fp8Blocks out;
+  out.codes.assign(bytes.begin(), bytes.end());
+  out.scales.resize(static_cast<size_t>(s.num_elements()));
+  WidenFloats(s.dtype, scale_loc->file->Data(s).data(), out.scales.size(), out.scales.data());
+  return out;
+}
+
 absl::StatusOr<std::vector<float>> TensorStore::ReadF32(std::string_view name) const {
   ASSIGN_OR_RETURN(const Location loc, Locate(name));
   return ConvertF32(loc);
@@ -272,12 +304,7 @@ absl::StatusOr<std::vector<float>> TensorStore::ReadF32(std::string_view name) c
 absl::StatusOr<std::vector<float>> TensorStore::ReadF32(
     std::string_view name, absl::Span<const int64_t> expected_shape) const {
   ASSIGN_OR_RETURN(const Location loc, Locate(name));
-  if (absl::Span<const int64_t>(loc.info->shape) != expected_shape) {
-    return absl::InvalidArgumentError(
-        TensorMsg(loc.file->path(), name,
-                  absl::StrCat("expected shape ", ShapeString(expected_shape), ", found ",
-                               ShapeString(loc.info->shape))));
-  }
+  RETURN_IF_ERROR(CheckShape(loc, name, expected_shape));
   return ConvertF32(loc);
 }
 

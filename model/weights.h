@@ -24,12 +24,19 @@
 namespace strata {
 
 // A Linear layer: w is [out, in] row-major; b is empty or [out].
+// Loaded with keep_fp8, a weight stored as F8_E4M3 with 128×128 block scales
+// stays in that form instead: w is empty, fp8_codes [out][in] holds the
+// codes and fp8_scales [ceil(out/128)][ceil(in/128)] the scales as f32
+// (W = Decode(code) * scale; docs/gpu-engine.md, "fp8 weights").
 struct LinearWeights {
   std::vector<float> w;
   std::vector<float> b;
   int in = 0;
   int out = 0;
+  std::vector<uint8_t> fp8_codes;
+  std::vector<float> fp8_scales;
   const float* bias() const { return b.empty() ? nullptr : b.data(); }
+  bool is_fp8() const { return !fp8_codes.empty(); }
 };
 
 struct MlpWeights {
@@ -68,7 +75,16 @@ struct ModelWeights {
   std::vector<float> final_norm;      // last stage only
   LinearWeights lm_head;              // last stage only
   std::vector<LayerWeights> layers;   // layer_end - layer_begin entries
-  uint64_t bytes = 0;                 // float32 bytes held
+  uint64_t bytes = 0;                 // bytes held (f32 values, fp8 codes and scales)
+};
+
+struct LoadOptions {
+  // Keep fp8 block-scaled weights as stored (LinearWeights::fp8_codes) for
+  // the Linear layers a GPU engine runs as fp8 GEMMs: every projection and
+  // the dense and shared-expert MLPs, not kv_b (the per-head absorption
+  // reads it as a matrix), the router or the routed experts. Only for
+  // callers that handle that form (the GPU engine; the CPU engine needs f32).
+  bool keep_fp8 = false;
 };
 
 // Loads layers [layer_begin, layer_end); with_embedding / with_head add the
@@ -76,7 +92,8 @@ struct ModelWeights {
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const TensorStore& store,
                                                           const ModelConfig& config,
                                                           int layer_begin, int layer_end,
-                                                          bool with_embedding, bool with_head);
+                                                          bool with_embedding, bool with_head,
+                                                          const LoadOptions& options = {});
 
 }  // namespace strata
 

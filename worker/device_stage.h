@@ -30,6 +30,7 @@ struct DeviceStageOptions {
   int64_t kv_cache_bytes = int64_t{4} << 30;  // the page pool, reserved at load
   bool f32_gemm = false;                       // test mode
   bool round_gemm_inputs = false;              // split_bf16_max_rows = 0 (GpuEngineOptions)
+  bool fp8_weights = true;                     // GpuEngineOptions::fp8_weights
   // Weights generated on the device from this seed (only config.json is
   // read): GpuEngine::CreateSynthetic.
   std::optional<uint64_t> synthetic_seed;

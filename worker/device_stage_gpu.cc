@@ -146,6 +146,7 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   o.device = options.device;
   o.f32_gemm = options.f32_gemm;
   if (options.round_gemm_inputs) o.split_bf16_max_rows = 0;
+  o.fp8_weights = options.fp8_weights;
   std::unique_ptr<GpuEngine> engine;
   if (options.synthetic_seed.has_value()) {
     ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));

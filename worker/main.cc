@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   flags.Declare("gpu-gemm", "with --device gpu: bf16 (default; f32 inputs enter as hi + lo bf16 terms), "
                             "bf16-rounded (inputs of steps over four rows rounded to bf16: faster prefill, "
                             "less exact) or f32 (a test mode matching the CPU engine)");
+  flags.Declare("gpu-weights", "with --device gpu: fp8 (default: weights the checkpoint stores as fp8 with block "
+                               "scales stay fp8 on the GPU, run as fp8 GEMMs) or bf16 (decoded to bf16 at load)");
   flags.Declare("help", "show this help", true);
   if (auto st = flags.Parse(argc, argv, 1); !st.ok()) return Usage(std::string(st.message()), flags);
   if (flags.Has("help")) {
@@ -99,8 +101,12 @@ int main(int argc, char** argv) {
   if (!gpu_index.ok() || *gpu_index < 0 || *gpu_index > 1023) return Usage("--gpu must be a device index", flags);
   if (!kv_bytes.ok()) return Usage(std::string(kv_bytes.status().message()), flags);
   if (*kv_bytes < 65536) return Usage("--gpu-kv-bytes must be at least 65536", flags);
-  if (!ho.gpu && (flags.Has("gpu") || flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm"))) {
-    return Usage("--gpu, --gpu-kv-bytes and --gpu-gemm need --device gpu", flags);
+  if (!ho.gpu && (flags.Has("gpu") || flags.Has("gpu-kv-bytes") || flags.Has("gpu-gemm") || flags.Has("gpu-weights"))) {
+    return Usage("--gpu, --gpu-kv-bytes, --gpu-gemm and --gpu-weights need --device gpu", flags);
+  }
+  const std::string weights = flags.Get("gpu-weights", "fp8");
+  if (weights != "fp8" && weights != "bf16") {
+    return Usage("--gpu-weights must be fp8 or bf16, not '" + weights + "'", flags);
   }
   const std::string gemm = flags.Get("gpu-gemm", "bf16");
   if (gemm != "bf16" && gemm != "bf16-rounded" && gemm != "f32") {
@@ -108,6 +114,7 @@ int main(int argc, char** argv) {
   }
   ho.gpu_options.f32_gemm = gemm == "f32";
   ho.gpu_options.round_gemm_inputs = gemm == "bf16-rounded";
+  ho.gpu_options.fp8_weights = weights == "fp8" && gemm != "f32";  // f32: the exact test mode decodes them
   ho.gpu_options.device = static_cast<int>(*gpu_index);
   ho.gpu_options.kv_cache_bytes = *kv_bytes;
   if (!flags.Has("model-root")) return Usage("--model-root is required: the directory holding the models to serve", flags);

@@ -133,9 +133,18 @@ absl::Status Fp8GemmRunner::Run(const Fp8GemvArgs& args, cudaStream_t stream) {
     }
     return absl::OkStatus();
   }
+  // The library takes row counts that are multiples of 16 (others are
+  // NOT_SUPPORTED on the H200 with these scale modes): other counts run
+  // padded (zero codes, scale 1) into a scratch output whose first m rows
+  // are then stored.
   Impl& im = *impl_;
+  const int rows = static_cast<int>(RoundUp16(m));
+  const bool padded = rows != m;
   const int64_t ldq = RoundUp16(a.k), groups = (a.k + kFp8BlockSize - 1) / kFp8BlockSize;
-  const size_t codes_bytes = static_cast<size_t>(RoundUp16(m * ldq)), bytes = codes_bytes + groups * m * 4;
+  const size_t codes_bytes = static_cast<size_t>(RoundUp16(int64_t{rows} * ldq));
+  const size_t scale_bytes = static_cast<size_t>(RoundUp16(groups * rows * 4));
+  const size_t out_bytes = padded ? static_cast<size_t>(rows) * a.n * 4 : 0;
+  const size_t bytes = codes_bytes + scale_bytes + out_bytes;
   if (bytes > im.quantised_bytes) {
     if (im.quantised != nullptr) cudaFree(im.quantised);
     im.quantised = nullptr;
@@ -148,28 +157,38 @@ absl::Status Fp8GemmRunner::Run(const Fp8GemvArgs& args, cudaStream_t stream) {
   }
   uint8_t* codes = static_cast<uint8_t*>(im.quantised);
   float* x_scale = reinterpret_cast<float*>(codes + codes_bytes);
-  cudaError_t e = LaunchQuantizeGroups128(a.x, m, a.k, a.ldx, codes, ldq, x_scale, stream);
+  float* out = padded ? reinterpret_cast<float*>(codes + codes_bytes + scale_bytes) : a.y;
+  const int64_t ldo = padded ? a.n : a.ldy;
+  cudaError_t e = LaunchQuantizeGroups128(a.x, m, a.k, a.ldx, codes, ldq, x_scale, rows, stream);
   if (e != cudaSuccess) return absl::InternalError(absl::StrCat("activation quantisation: ", cudaGetErrorString(e)));
-  a.m = m;
-  const cublasLtMatmulAlgo_t* algo = im.Algo(a, RowClass(m), ldq, x_scale);
+  Fp8GemvArgs g = a;
+  g.m = rows;
+  g.y = out;
+  g.ldy = ldo;
+  g.accumulate = a.accumulate && !padded;
+  const cublasLtMatmulAlgo_t* algo = im.Algo(g, RowClass(rows), ldq, x_scale);
   Layouts l;
-  if (!MakeLayouts(a, m, ldq, a.scale, x_scale, &l)) return absl::InternalError("cuBLASLt fp8 layout creation failed");
-  const float alpha = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
+  if (!MakeLayouts(g, rows, ldq, g.scale, x_scale, &l)) return absl::InternalError("cuBLASLt fp8 layout creation failed");
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
   if (algo != nullptr) {
-    s = cublasLtMatmul(im.handle, l.op, &alpha, a.w, l.a, codes, l.b, &beta, a.y, l.c, a.y, l.c, algo, im.workspace,
+    s = cublasLtMatmul(im.handle, l.op, &alpha, g.w, l.a, codes, l.b, &beta, g.y, l.c, g.y, l.c, algo, im.workspace,
                        kWorkspaceBytes, stream);
   }
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED && RowClass(m) != m) {
-    algo = im.Algo(a, m, ldq, x_scale);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED && RowClass(rows) != rows) {
+    algo = im.Algo(g, rows, ldq, x_scale);
     if (algo != nullptr) {
-      s = cublasLtMatmul(im.handle, l.op, &alpha, a.w, l.a, codes, l.b, &beta, a.y, l.c, a.y, l.c, algo,
+      s = cublasLtMatmul(im.handle, l.op, &alpha, g.w, l.a, codes, l.b, &beta, g.y, l.c, g.y, l.c, algo,
                          im.workspace, kWorkspaceBytes, stream);
     }
   }
   if (s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuBLASLt block-scaled fp8 GEMM failed with status ", static_cast<int>(s),
                                             " (m=", m, " n=", a.n, " k=", a.k, ")"));
+  }
+  if (padded) {
+    e = LaunchCopyRows(out, m, a.n, ldo, a.y, a.ldy, a.accumulate, stream);
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("storing the rows: ", cudaGetErrorString(e)));
   }
   ++library_calls_;
   return absl::OkStatus();

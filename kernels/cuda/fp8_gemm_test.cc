@@ -2,7 +2,8 @@
 // - the activation quantiser gives fp8::QuantizeRow's codes and scales per
 //   1×128 group, bit for bit (partial last group, all-zero and NaN-holding
 //   groups, the padding of each row zeroed);
-// - steps of more than eight rows (the library) against a float64 product of
+// - steps of more than eight rows (the library; row counts that are not
+//   multiples of 16 padded) against a float64 product of
 //   the quantised inputs and the decoded weights, within the bound of fp8
 //   tensor cores that sum each 128-column block in reduced precision and
 //   promote it to f32 (2^-11 of the block sums' magnitudes; the library does
@@ -85,7 +86,7 @@ TEST(Fp8GemmTest, ActivationQuantisationIsTheCpuCodecPerGroup) {
   const uint64_t seed = strata::testing::TestSeed();
   testing::Rng rng(seed);
   for (const int k : {128, 1040, 7168, 16}) {
-    const int m = 37, groups = (k + 127) / 128;
+    const int m = 37, rows = 48, groups = (k + 127) / 128;
     const int64_t ldc = k + 32;
     std::vector<float> x(static_cast<size_t>(m) * k);
     for (float& v : x) v = std::ldexp(rng.Normal(), static_cast<int>(rng.Below(30)) - 15);
@@ -93,15 +94,16 @@ TEST(Fp8GemmTest, ActivationQuantisationIsTheCpuCodecPerGroup) {
     for (int c = 0; c < k; ++c) x[k + c] = 0.0f;
     x[2 * k + 5] = std::numeric_limits<float>::quiet_NaN();
     for (int c = 0; c < k; ++c) x[3 * k + c] = 1e-37f * rng.Normal();
-    DeviceBuffer dx(x.size() * 4), dc(static_cast<size_t>(m) * ldc), ds(static_cast<size_t>(groups) * m * 4);
+    DeviceBuffer dx(x.size() * 4), dc(static_cast<size_t>(rows) * ldc), ds(static_cast<size_t>(groups) * rows * 4);
     dx.Upload(x.data(), x.size() * 4);
-    std::vector<uint8_t> junk(static_cast<size_t>(m) * ldc, 0x55);
+    std::vector<uint8_t> junk(static_cast<size_t>(rows) * ldc, 0x55);
     dc.Upload(junk.data(), junk.size());
-    ASSERT_EQ(LaunchQuantizeGroups128(dx.as<float>(), m, k, k, dc.as<uint8_t>(), ldc, ds.as<float>(), nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        LaunchQuantizeGroups128(dx.as<float>(), m, k, k, dc.as<uint8_t>(), ldc, ds.as<float>(), rows, nullptr),
+        cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint8_t> codes(junk.size());
-    std::vector<float> scales(static_cast<size_t>(groups) * m);
+    std::vector<float> scales(static_cast<size_t>(groups) * rows);
     dc.Download(codes.data(), codes.size());
     ds.Download(scales.data(), scales.size() * 4);
     int64_t code_diff = 0, scale_diff = 0, pad_diff = 0;
@@ -110,16 +112,21 @@ TEST(Fp8GemmTest, ActivationQuantisationIsTheCpuCodecPerGroup) {
         const int c0 = g * 128, len = std::min(128, k - c0);
         uint8_t ref[128];
         const float s = fp8::QuantizeRow(&x[static_cast<size_t>(i) * k + c0], len, ref);
-        scale_diff += std::memcmp(&s, &scales[static_cast<size_t>(g) * m + i], 4) != 0;
+        scale_diff += std::memcmp(&s, &scales[static_cast<size_t>(g) * rows + i], 4) != 0;
         code_diff += std::memcmp(ref, &codes[static_cast<size_t>(i) * ldc + c0], len) != 0;
       }
       for (int64_t c = k; c < ldc; ++c) pad_diff += codes[static_cast<size_t>(i) * ldc + c] != 0;
+    }
+    // The padding rows: zero codes, scale 1.
+    for (int i = m; i < rows; ++i) {
+      for (int64_t c = 0; c < ldc; ++c) pad_diff += codes[static_cast<size_t>(i) * ldc + c] != 0;
+      for (int g = 0; g < groups; ++g) scale_diff += scales[static_cast<size_t>(g) * rows + i] != 1.0f;
     }
     EXPECT_EQ(code_diff, 0) << "k " << k << " seed " << seed;
     EXPECT_EQ(scale_diff, 0) << "k " << k;
     EXPECT_EQ(pad_diff, 0) << "k " << k;
   }
-  EXPECT_EQ(LaunchQuantizeGroups128(nullptr, 1, 16, 16, nullptr, 16, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchQuantizeGroups128(nullptr, 1, 16, 16, nullptr, 16, nullptr, 1, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(Fp8GemmTest, LargeStepsRunTheLibraryWithinTheFp8TensorCoreBound) {
@@ -134,7 +141,8 @@ TEST(Fp8GemmTest, LargeStepsRunTheLibraryWithinTheFp8TensorCoreBound) {
   for (const Shape sh : {Shape{9, 576, 7168, false}, Shape{16, 1200, 1040, true}, Shape{33, 3000, 1536, false},
                          Shape{300, 1200, 1040, false}, Shape{129, 256, 2048, true}}) {
     Problem p(seed + (++calls), sh.m, sh.n, sh.k);
-    ASSERT_TRUE((*runner)->Run(p.Args(sh.accumulate), nullptr).ok());
+    const absl::Status st = (*runner)->Run(p.Args(sh.accumulate), nullptr);
+    ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> y = p.Result();
     const int groups = p.bk();

@@ -1,5 +1,6 @@
 #include "kernels/cuda/fp8_gemv.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -358,28 +359,51 @@ cudaError_t LaunchMma(const Fp8GemvArgs& a, cudaStream_t stream) {
 // One warp per (row, group): blockIdx.y the row, warp w of block x the
 // group 8x + w; the last group's warp also zeroes the row's padding.
 __global__ void __launch_bounds__(256) QuantizeGroups128Kernel(const float* x, int m, int k, int64_t ldx,
-                                                               uint8_t* codes, int64_t ldc, float* scales) {
+                                                               uint8_t* codes, int64_t ldc, float* scales, int rows) {
   const int lane = threadIdx.x & 31, g = blockIdx.x * 8 + (threadIdx.x >> 5), i = blockIdx.y;
   const int groups = (k + kFp8BlockSize - 1) / kFp8BlockSize;
   if (g >= groups) return;
   const int c0 = g * kFp8BlockSize, n = min(kFp8BlockSize, k - c0);
   uint8_t* row = codes + static_cast<int64_t>(i) * ldc;
-  const float s = dev::QuantizeRowWarp(x + static_cast<int64_t>(i) * ldx + c0, n, row + c0, lane);
-  if (lane == 0) scales[static_cast<int64_t>(g) * m + i] = s;
+  float s = 1.0f;
+  if (i < m) {
+    s = dev::QuantizeRowWarp(x + static_cast<int64_t>(i) * ldx + c0, n, row + c0, lane);
+  } else {
+    for (int c = lane; c < n; c += 32) row[c0 + c] = 0;
+  }
+  if (lane == 0) scales[static_cast<int64_t>(g) * rows + i] = s;
   if (g == groups - 1) {
     for (int64_t c = k + lane; c < ldc; c += 32) row[c] = 0;
   }
 }
 
+__global__ void CopyRowsKernel(const float* src, int n, int64_t lds, float* y, int64_t ldy, bool accumulate) {
+  const int i = blockIdx.y;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    const float v = src[static_cast<int64_t>(i) * lds + j];
+    float& out = y[static_cast<int64_t>(i) * ldy + j];
+    out = accumulate ? out + v : v;
+  }
+}
+
 }  // namespace
 
+cudaError_t LaunchCopyRows(const float* src, int m, int n, int64_t lds, float* y, int64_t ldy, bool accumulate,
+                           cudaStream_t stream) {
+  if (m < 0 || n < 1 || m > 65535 || lds < n || ldy < n) return cudaErrorInvalidValue;
+  if (m == 0) return cudaSuccess;
+  CopyRowsKernel<<<dim3(std::min((n + 255) / 256, 64), m), 256, 0, stream>>>(src, n, lds, y, ldy, accumulate);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchQuantizeGroups128(const float* x, int m, int k, int64_t ldx, uint8_t* codes, int64_t ldc,
-                                    float* scales, cudaStream_t stream) {
-  if (m < 1 || k < 1 || ldx < k || ldc < k || x == nullptr || codes == nullptr || scales == nullptr || m > 65535) {
+                                    float* scales, int rows, cudaStream_t stream) {
+  if (m < 1 || rows < m || rows > 65535 || k < 1 || ldx < k || ldc < k || x == nullptr || codes == nullptr ||
+      scales == nullptr) {
     return cudaErrorInvalidValue;
   }
   const int groups = (k + kFp8BlockSize - 1) / kFp8BlockSize;
-  QuantizeGroups128Kernel<<<dim3((groups + 7) / 8, m), 256, 0, stream>>>(x, m, k, ldx, codes, ldc, scales);
+  QuantizeGroups128Kernel<<<dim3((groups + 7) / 8, rows), 256, 0, stream>>>(x, m, k, ldx, codes, ldc, scales, rows);
   return cudaGetLastError();
 }
 

@@ -62,12 +62,17 @@ cudaError_t LaunchFp8Gemv(const Fp8GemvArgs& a, cudaStream_t stream);
 // Quantises the activations of a block-scaled fp8 GEMM per 1×128 group, as
 // DeepSeek's inference does: for row i < m and group g (columns 128g …
 // min(128g + 128, k) - 1), the group through fp8::QuantizeRow (the same f32
-// arithmetic, bit for bit): codes[i][c] and scales[g * m + i] (the group's
+// arithmetic, bit for bit): codes[i][c] and scales[g * rows + i] (the group's
 // scales of all rows contiguous: the layout cuBLASLt's VEC128_32F mode
-// reads). codes[i][k .. ldc) are set to 0.
-// REQUIRES: m, k >= 1, ldx >= k, ldc >= k.
+// reads). codes[i][k .. ldc) are set to 0. Rows m .. rows - 1 (padding for
+// the library) get zero codes and scale 1.
+// REQUIRES: 1 <= m <= rows <= 65535, k >= 1, ldx >= k, ldc >= k.
 cudaError_t LaunchQuantizeGroups128(const float* x, int m, int k, int64_t ldx, uint8_t* codes, int64_t ldc,
-                                    float* scales, cudaStream_t stream);
+                                    float* scales, int rows, cudaStream_t stream);
+
+// y[i][j] = src[i][j] (or y += src with accumulate) for i < m, j < n.
+cudaError_t LaunchCopyRows(const float* src, int m, int n, int64_t lds, float* y, int64_t ldy, bool accumulate,
+                           cudaStream_t stream);
 
 }  // namespace strata::cuda
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/fp8.h"
 
 namespace strata::gpu {
 
@@ -97,6 +98,14 @@ class Builder {
     l.in = in;
     l.out = out;
     l.type = type;
+    if (host_ != nullptr && src != nullptr && src->is_fp8()) {
+      if (in % 16 == 0) return Fp8Linear(*src, out, in, what);
+      // Decoded as the CPU loader decodes (fp8::Decode times the scale, in f32).
+      LinearWeights decoded = *src;
+      decoded.w = Dequantise(*src);
+      decoded.fp8_codes.clear();
+      return Linear(&decoded, out, in, bias, type, what);
+    }
     const float scale = 1.0f / std::sqrt(static_cast<float>(in));
     ASSIGN_OR_RETURN(l.w, Tensor(src ? &src->w : nullptr, static_cast<int64_t>(out) * in,
                                  type == cuda::GemmType::kBF16, 0.0f, scale, what));
@@ -107,6 +116,44 @@ class Builder {
     return l;
   }
 
+  absl::StatusOr<DLinear> Fp8Linear(const LinearWeights& src, int out, int in, const char* what) {
+    const int64_t bn = (out + 127) / 128, bk = (in + 127) / 128;
+    if (static_cast<int64_t>(src.fp8_codes.size()) != int64_t{out} * in ||
+        static_cast<int64_t>(src.fp8_scales.size()) != bn * bk) {
+      return absl::InternalError(absl::StrCat("fp8 weight ", what, " has ", src.fp8_codes.size(), " codes and ",
+                                              src.fp8_scales.size(), " scales, expected ", int64_t{out} * in, " and ",
+                                              bn * bk));
+    }
+    DLinear l;
+    l.in = in;
+    l.out = out;
+    l.fp8 = true;
+    ASSIGN_OR_RETURN(l.w, Upload(src.fp8_codes.data(), src.fp8_codes.size(), what));
+    ASSIGN_OR_RETURN(l.scale, Upload(src.fp8_scales.data(), src.fp8_scales.size() * 4, what));
+    if (!src.b.empty()) {
+      ASSIGN_OR_RETURN(l.b, Tensor(&src.b, out, false, 0.0f, 0.0f, what));
+    }
+    return l;
+  }
+
+  static std::vector<float> Dequantise(const LinearWeights& src) {
+    const size_t in = static_cast<size_t>(src.in), bk = (in + 127) / 128;
+    std::vector<float> w(src.fp8_codes.size());
+    for (size_t r = 0; r < static_cast<size_t>(src.out); ++r) {
+      const float* srow = src.fp8_scales.data() + (r / 128) * bk;
+      for (size_t c = 0; c < in; ++c) w[r * in + c] = fp8::Decode(src.fp8_codes[r * in + c]) * srow[c / 128];
+    }
+    return w;
+  }
+
+  absl::StatusOr<DeviceBuffer> Upload(const void* data, size_t bytes, const char* what) {
+    ASSIGN_OR_RETURN(DeviceBuffer d, DeviceBuffer::Alloc(bytes));
+    bytes_ += bytes;
+    const cudaError_t e = cudaMemcpy(d.get(), data, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("upload of ", what, ": ", cudaGetErrorString(e)));
+    return d;
+  }
+
   absl::StatusOr<DeviceBuffer> Norm(const std::vector<float>* src, int n, const char* what) {
     return Tensor(src, n, false, 1.0f, 0.1f, what);
   }
@@ -114,9 +161,16 @@ class Builder {
   absl::StatusOr<DMlp> Mlp(const MlpWeights* src, int hidden, int inter, cuda::GemmType t) {
     DMlp m;
     LinearWeights stacked;
-    if (src != nullptr) {
-      stacked.w = src->gate.w;
-      stacked.w.insert(stacked.w.end(), src->up.w.begin(), src->up.w.end());
+    if (src != nullptr && src->gate.is_fp8() && src->up.is_fp8() && inter % 128 == 0) {
+      // Whole 128-row blocks: the stacked codes' blocks are gate's, then up's.
+      stacked = src->gate;
+      stacked.out = 2 * inter;
+      stacked.fp8_codes.insert(stacked.fp8_codes.end(), src->up.fp8_codes.begin(), src->up.fp8_codes.end());
+      stacked.fp8_scales.insert(stacked.fp8_scales.end(), src->up.fp8_scales.begin(), src->up.fp8_scales.end());
+    } else if (src != nullptr) {
+      stacked.w = src->gate.is_fp8() ? Dequantise(src->gate) : src->gate.w;
+      const std::vector<float> up = src->up.is_fp8() ? Dequantise(src->up) : src->up.w;
+      stacked.w.insert(stacked.w.end(), up.begin(), up.end());
     }
     ASSIGN_OR_RETURN(m.gate_up, Linear(src ? &stacked : nullptr, 2 * inter, hidden, false, t, "mlp.gate_up_proj"));
     ASSIGN_OR_RETURN(m.down, Linear(src ? &src->down : nullptr, hidden, inter, false, t, "mlp.down_proj"));

@@ -44,10 +44,14 @@ class DeviceBuffer {
 };
 
 struct DLinear {
-  DeviceBuffer w;  // [out][in] in `type`
+  DeviceBuffer w;  // [out][in] in `type`, or e4m3 codes when fp8
   DeviceBuffer b;  // [out] f32 or empty
   int in = 0, out = 0;
   cuda::GemmType type = cuda::GemmType::kBF16;
+  // The checkpoint's fp8 block-scaled form (docs/gpu-engine.md, "fp8
+  // weights"): w holds the codes, scale [ceil(out/128)][ceil(in/128)] f32.
+  bool fp8 = false;
+  DeviceBuffer scale;
   const float* bias() const { return b.bytes() ? b.as<float>() : nullptr; }
 };
 
@@ -85,8 +89,11 @@ struct DModel {
 
 // Builds the device weights of layers [layer_begin, layer_end) (plus the
 // embedding / head when asked). With `host` set, copies its tensors
-// (converted to bf16 when type is kBF16); with host == nullptr, generates
-// every tensor on the device from `seed`.
+// (converted to bf16 when type is kBF16; Linear weights the host holds in
+// fp8 form stay fp8 where the fp8 GEMM takes them — `in` a multiple of 16,
+// gate and up stacked only when their rows fill whole 128-row blocks — and
+// are decoded to `type` elsewhere); with host == nullptr, generates every
+// tensor on the device from `seed`.
 absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, int layer_begin, int layer_end,
                                                          bool with_embedding, bool with_head,
                                                          cuda::GemmType type, const ModelWeights* host,

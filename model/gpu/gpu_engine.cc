@@ -57,6 +57,9 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
                                                 opt.layer_end == c.num_layers, type, host, seed));
   ASSIGN_OR_RETURN(im->gemm, cuda::GemmRunner::Create(opt.batch_invariant_gemm));
+  if (opt.fp8_weights) {
+    ASSIGN_OR_RETURN(im->fp8_gemm, cuda::Fp8GemmRunner::Create(opt.batch_invariant_gemm));
+  }
 
   const std::vector<float> inv_freq = RopeInvFreq(c.rope, c.qk_rope_head_dim);
   ASSIGN_OR_RETURN(im->inv_freq, gpu::DeviceBuffer::Alloc(inv_freq.size() * sizeof(float)));
@@ -120,8 +123,10 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Load(const std::string& mo
   int end = options.layer_end;
   RETURN_IF_ERROR(CheckStageRange(config, options.layer_begin, &end));
   ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));
+  LoadOptions lo;
+  lo.keep_fp8 = options.fp8_weights;
   ASSIGN_OR_RETURN(auto host, LoadWeights(*store, config, options.layer_begin, end, options.layer_begin == 0,
-                                          end == config.num_layers));
+                                          end == config.num_layers, lo));
   ASSIGN_OR_RETURN(auto impl, NewImpl(config, options, host.get(), 0));
   return std::unique_ptr<GpuEngine>(new GpuEngine(std::move(impl)));
 }

@@ -53,6 +53,13 @@ struct GpuEngineOptions {
   // conversion, nothing rounded, each weight read once. Not in the
   // batch-invariant mode.
   bool small_step_gemv = true;
+  // Keep the checkpoint's fp8 block-scaled weights (F8_E4M3 with
+  // `weight_scale_inv`) as fp8 on the device and run those layers as fp8
+  // GEMMs (cuda::Fp8GemmRunner): half the memory of bf16. Every projection
+  // and the dense and shared-expert MLPs; kv_b, the router and the routed
+  // experts are still decoded (to bf16, or f32 with f32_gemm, where the fp8
+  // layers stay fp8: a test mode). docs/gpu-engine.md, "fp8 weights".
+  bool fp8_weights = false;
   // Layers owned: [layer_begin, layer_end); -1 = num_layers.
   int layer_begin = 0;
   int layer_end = -1;

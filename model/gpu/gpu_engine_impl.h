@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layer_ops.h"
 #include "model/gpu/device_weights.h"
@@ -59,6 +60,7 @@ struct GpuEngine::Impl {
   GpuEngineOptions opt;
   std::unique_ptr<gpu::DModel> w;
   std::unique_ptr<cuda::GemmRunner> gemm;
+  std::unique_ptr<cuda::Fp8GemmRunner> fp8_gemm;  // with fp8_weights
   cudaStream_t stream = nullptr;
   int num_sms = 132;
   cuda::MlaPageLayout mla_layout;

@@ -73,6 +73,18 @@ absl::Status GpuEngine::Impl::Gemm(const cuda::GemmArgs& in) {
 }
 
 absl::Status GpuEngine::Impl::Linear(const float* x, int rows, const gpu::DLinear& l, float* y) {
+  if (l.fp8) {
+    if (fp8_gemm == nullptr) return absl::InternalError("an fp8 weight without the fp8 GEMM runner");
+    cuda::Fp8GemvArgs f;
+    f.m = rows, f.n = l.out, f.k = l.in;
+    f.x = x, f.ldx = l.in;
+    f.w = l.w.as<uint8_t>(), f.ldw = l.in;
+    f.scale = l.scale.as<float>(), f.ld_scale = (l.in + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
+    f.y = y, f.ldy = l.out;
+    RETURN_IF_ERROR(fp8_gemm->Run(f, stream));
+    if (l.bias() != nullptr) STRATA_CUDA_RETURN(cuda::LaunchAddBias(y, l.bias(), rows, l.out, stream));
+    return absl::OkStatus();
+  }
   cuda::GemmArgs a;
   a.type = l.type;
   a.m = rows;
