@@ -8,8 +8,11 @@
 // of 512 prompt tokens after a prefix of 0, 4k or 32k tokens, per layer,
 // next to its FLOPs (dense GEMMs plus absorbed attention).
 //
-//   strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv] [--profile-step]
+//   strata_gpu_e2e_bench [--dsa] [--fp8-weights] [--split-bf16-rows=N] [--no-small-gemv] [--profile-step]
 //     --dsa: DeepSeek-V3.2 with the indexer, top-2048 sparse attention;
+//     --fp8-weights: GpuEngineOptions::fp8_weights (every projection, the dense
+//     and the shared-expert MLP in fp8 with 128x128 block scales; kv_b and the
+//     routed experts stay bf16);
 //     --split-bf16-rows: GpuEngineOptions::split_bf16_max_rows (0: every
 //     GEMM input rounded to bf16); --no-small-gemv: steps of <= 4 rows use
 //     cuBLASLt too (GpuEngineOptions::small_step_gemv); --profile-step: only
@@ -46,9 +49,12 @@ int main(int argc, char** argv) {
   int split_rows = strata::GpuEngineOptions().split_bf16_max_rows;
   bool small_gemv = true;
   bool profile_step = false;
+  bool fp8 = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--dsa") == 0) {
       dsa = true;
+    } else if (std::strcmp(argv[i], "--fp8-weights") == 0) {
+      fp8 = true;
     } else if (std::strcmp(argv[i], "--no-small-gemv") == 0) {
       small_gemv = false;
     } else if (std::strcmp(argv[i], "--profile-step") == 0) {
@@ -62,7 +68,9 @@ int main(int argc, char** argv) {
       }
       split_rows = static_cast<int>(v);
     } else {
-      std::fprintf(stderr, "usage: strata_gpu_e2e_bench [--dsa] [--split-bf16-rows=N] [--no-small-gemv] [--profile-step]\n");
+      std::fprintf(stderr,
+                   "usage: strata_gpu_e2e_bench [--dsa] [--fp8-weights] [--split-bf16-rows=N] [--no-small-gemv] "
+                   "[--profile-step]\n");
       return 2;
     }
   }
@@ -73,14 +81,16 @@ int main(int argc, char** argv) {
   }
   const strata::ModelConfig& c = *config;
   const double bw = strata::bench::CopyBandwidth();
-  std::printf("model: %s dims, %d layers (layer 0 dense MLP, then MoE), bf16 weights, fp8 KV\n",
-              dsa ? "DeepSeek-V3.2 (DSA top-2048)" : "DeepSeek-V3", c.num_layers);
+  std::printf("model: %s dims, %d layers (layer 0 dense MLP, then MoE), %s weights, fp8 KV\n",
+              dsa ? "DeepSeek-V3.2 (DSA top-2048)" : "DeepSeek-V3", c.num_layers,
+              fp8 ? "fp8 block-scaled (kv_b and routed experts bf16)" : "bf16");
   std::printf("measured copy bandwidth: %.2f TB/s\n", bw / 1e12);
   strata::GpuEngineOptions opt;
   opt.kv_cache_bytes = int64_t{14} << 30;
   opt.profile_layers = true;
   opt.split_bf16_max_rows = split_rows;
   opt.small_step_gemv = small_gemv;
+  opt.fp8_weights = fp8;
   std::printf("GEMM inputs of steps of at most %d rows split into hi + lo bf16; steps of <= 4 rows %s\n", split_rows,
               small_gemv ? "on the matrix-vector kernels" : "through cuBLASLt");
   const auto t0 = std::chrono::steady_clock::now();
@@ -95,13 +105,16 @@ int main(int argc, char** argv) {
   // Bytes one decode step must read per layer, besides the KV.
   const double H = c.hidden_size, NH = c.num_heads, QK = c.qk_head_dim(), L = c.kv_lora_rank,
                R = c.qk_rope_head_dim;
-  const double attn = 2 * (H * c.q_lora_rank + c.q_lora_rank * NH * QK + H * (L + R) +
-                           NH * (c.qk_nope_head_dim + c.v_head_dim) * L + NH * c.v_head_dim * H);
-  const double indexer = dsa ? 2 * (c.q_lora_rank * c.index_n_heads * c.index_head_dim + H * c.index_head_dim +
-                                    H * c.index_n_heads)
+  // Bytes per weight: 2 in bf16; 1 + 4 / 128² in fp8 (codes and block scales).
+  const double wb = fp8 ? 1.0 + 4.0 / (128 * 128) : 2.0;
+  const double attn = wb * (H * c.q_lora_rank + c.q_lora_rank * NH * QK + H * (L + R) + NH * c.v_head_dim * H) +
+                      2 * NH * (c.qk_nope_head_dim + c.v_head_dim) * L;
+  const double indexer = dsa ? wb * (c.q_lora_rank * c.index_n_heads * c.index_head_dim + H * c.index_head_dim +
+                                     H * c.index_n_heads)
                              : 0;
   const double expert = 2 * 3 * H * c.moe_intermediate_size;
-  const double dense_mlp = 2 * 3 * H * c.intermediate_size;
+  const double shared_expert = wb * 3 * H * c.moe_intermediate_size;
+  const double dense_mlp = wb * 3 * H * c.intermediate_size;
   const double router = 4 * H * c.n_routed_experts;
   const double row_bytes = 512 + 64 + 8;  // one token's fp8 row and scales
   const double key_bytes = 128 + 4;       // one indexer key
@@ -153,7 +166,7 @@ int main(int argc, char** argv) {
         const bool moe = c.layers[l].moe;
         const int64_t kv_rows = dsa ? std::min<int64_t>(ctx, c.index_topk) : ctx;
         double bytes = attn + indexer + batch * kv_rows * row_bytes + (dsa ? batch * ctx * key_bytes : 0);
-        bytes += moe ? router + expert * (experts[l] + c.n_shared_experts) : dense_mlp;
+        bytes += moe ? router + expert * experts[l] + shared_expert * c.n_shared_experts : dense_mlp;
         const double floor_us = bytes / bw * 1e6;
         std::printf("%-6d %-8lld %-6d %-10s %10.1f %11.1fM %10.1f %7.2fx %9d\n", batch,
                     static_cast<long long>(ctx), l, moe ? "moe" : "dense", us, bytes / 1e6, floor_us,

@@ -71,6 +71,11 @@ class Fp8BlockScaleTest : public testing_util::ScratchDirTest {
         ASSERT_EQ((*got)[r * cols + c], want) << "at [" << r << ", " << c << "]";
       }
     }
+    // As stored: the same codes, the scales widened to f32.
+    auto blocks = (*store)->ReadFp8Blocks("w", {rows, cols});
+    ASSERT_TRUE(blocks.ok()) << blocks.status();
+    EXPECT_EQ(blocks->codes, codes);
+    EXPECT_EQ(blocks->scales, scale_values);
     std::filesystem::remove(Path(file));
   }
 };
@@ -96,6 +101,28 @@ TEST_F(Fp8BlockScaleTest, NoScaleTensorMeansScaleOne) {
       ASSERT_EQ((*got)[i], static_cast<float>(RefFp8(codes[i]))) << name << " " << i;
     }
   }
+}
+
+// ReadFp8Blocks takes only block-scaled F8_E4M3 weights: other forms are
+// FAILED_PRECONDITION (the caller reads them as f32), a wrong shape
+// INVALID_ARGUMENT, a missing tensor NOT_FOUND.
+TEST_F(Fp8BlockScaleTest, Fp8BlocksOnlyForBlockScaledWeights) {
+  const std::vector<uint8_t> codes = RandomBytes(rng_, 6 * 4);
+  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"),
+                               {{"unscaled", DType::kF8E4M3, {6, 4}, codes},
+                                {"wide", DType::kBF16, {6, 2}, codes},
+                                {"w", DType::kF8E4M3, {6, 4}, codes},
+                                {"w_scale_inv", DType::kF32, {1, 1}, ToBytes(std::vector<float>{0.5f})}})
+                  .ok());
+  auto store = TensorStore::OpenDir(dir_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->ReadFp8Blocks("unscaled", {6, 4}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->ReadFp8Blocks("wide", {6, 2}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->ReadFp8Blocks("w", {4, 6}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->ReadFp8Blocks("missing", {6, 4}).status().code(), absl::StatusCode::kNotFound);
+  auto ok = (*store)->ReadFp8Blocks("w", {6, 4});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->scales, std::vector<float>{0.5f});
 }
 
 struct BadScaleCase {

@@ -377,6 +377,18 @@ __global__ void __launch_bounds__(256) QuantizeGroups128Kernel(const float* x, i
   }
 }
 
+__global__ void FillRandomFp8Kernel(uint8_t* codes, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(static_cast<int64_t>(z >> 40) - (int64_t{1} << 23)) * 0x1.0p-23f;
+    codes[i] = dev::EncodeE4m3(u * 448.0f);
+  }
+}
+
 __global__ void CopyRowsKernel(const float* src, int n, int64_t lds, float* y, int64_t ldy, bool accumulate) {
   const int i = blockIdx.y;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
@@ -387,6 +399,14 @@ __global__ void CopyRowsKernel(const float* src, int n, int64_t lds, float* y, i
 }
 
 }  // namespace
+
+cudaError_t LaunchFillRandomFp8(uint8_t* codes, int64_t n, uint64_t seed, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && codes == nullptr)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  FillRandomFp8Kernel<<<static_cast<int>(blocks), 256, 0, stream>>>(codes, n, seed);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchCopyRows(const float* src, int m, int n, int64_t lds, float* y, int64_t ldy, bool accumulate,
                            cudaStream_t stream) {

@@ -70,6 +70,11 @@ cudaError_t LaunchFp8Gemv(const Fp8GemvArgs& a, cudaStream_t stream);
 cudaError_t LaunchQuantizeGroups128(const float* x, int m, int k, int64_t ldx, uint8_t* codes, int64_t ldc,
                                     float* scales, int rows, cudaStream_t stream);
 
+// Synthetic fp8 weights: codes[i] = e4m3(448 u) with u uniform in [-1, 1)
+// from (seed, i) (never a NaN code), so that with block scale s the values
+// are uniform in ±448 s. Same codes for the same seed on any device.
+cudaError_t LaunchFillRandomFp8(uint8_t* codes, int64_t n, uint64_t seed, cudaStream_t stream);
+
 // y[i][j] = src[i][j] (or y += src with accumulate) for i < m, j < n.
 cudaError_t LaunchCopyRows(const float* src, int m, int n, int64_t lds, float* y, int64_t ldy, bool accumulate,
                            cudaStream_t stream);

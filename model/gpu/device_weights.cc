@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/fp8_gemv.h"
 #include "kernels/fp8.h"
 
 namespace strata::gpu {
@@ -61,7 +62,9 @@ uint16_t ToBf16Bits(float f) {
 // Creates device tensors from host floats or from the seed.
 class Builder {
  public:
-  Builder(const ModelWeights* host, uint64_t seed) : host_(host), seed_(seed) {}
+  // synthetic_fp8: generated weights of the layers that may be fp8 are fp8.
+  Builder(const ModelWeights* host, uint64_t seed, bool synthetic_fp8)
+      : host_(host), seed_(seed), synthetic_fp8_(synthetic_fp8) {}
 
   // A tensor of n values: the host's (bf16-converted when asked) or uniform
   // offset ± scale.
@@ -92,8 +95,10 @@ class Builder {
     return d;
   }
 
+  // may_fp8: a layer the fp8 GEMMs may run (LoadOptions::keep_fp8's list).
   absl::StatusOr<DLinear> Linear(const LinearWeights* src, int out, int in, bool bias, cuda::GemmType type,
-                                 const char* what) {
+                                 const char* what, bool may_fp8 = false) {
+    if (host_ == nullptr && synthetic_fp8_ && may_fp8 && in % 16 == 0) return SyntheticFp8Linear(out, in, bias, what);
     DLinear l;
     l.in = in;
     l.out = out;
@@ -136,6 +141,27 @@ class Builder {
     return l;
   }
 
+  // Codes uniform in ±448 with every block's scale 1 / (448 sqrt(in)): the
+  // values the bf16 synthetic weights have (uniform ± 1 / sqrt(in)), on the
+  // e4m3 grid.
+  absl::StatusOr<DLinear> SyntheticFp8Linear(int out, int in, bool bias, const char* what) {
+    DLinear l;
+    l.in = in;
+    l.out = out;
+    l.fp8 = true;
+    const int64_t n = int64_t{out} * in, blocks = ((out + 127) / 128) * int64_t{(in + 127) / 128};
+    ASSIGN_OR_RETURN(l.w, DeviceBuffer::Alloc(static_cast<size_t>(n)));
+    bytes_ += static_cast<uint64_t>(n);
+    cudaError_t e = cuda::LaunchFillRandomFp8(l.w.as<uint8_t>(), n, seed_ + 0x1000193ull * ++counter_, nullptr);
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("generating ", what, ": ", cudaGetErrorString(e)));
+    ASSIGN_OR_RETURN(l.scale, Tensor(nullptr, blocks, false, 1.0f / (448.0f * std::sqrt(static_cast<float>(in))), 0.0f,
+                                     what));
+    if (bias) {
+      ASSIGN_OR_RETURN(l.b, Tensor(nullptr, out, false, 0.0f, 0.02f, what));
+    }
+    return l;
+  }
+
   static std::vector<float> Dequantise(const LinearWeights& src) {
     const size_t in = static_cast<size_t>(src.in), bk = (in + 127) / 128;
     std::vector<float> w(src.fp8_codes.size());
@@ -158,7 +184,7 @@ class Builder {
     return Tensor(src, n, false, 1.0f, 0.1f, what);
   }
 
-  absl::StatusOr<DMlp> Mlp(const MlpWeights* src, int hidden, int inter, cuda::GemmType t) {
+  absl::StatusOr<DMlp> Mlp(const MlpWeights* src, int hidden, int inter, cuda::GemmType t, bool may_fp8 = false) {
     DMlp m;
     LinearWeights stacked;
     if (src != nullptr && src->gate.is_fp8() && src->up.is_fp8() && inter % 128 == 0) {
@@ -172,8 +198,9 @@ class Builder {
       const std::vector<float> up = src->up.is_fp8() ? Dequantise(src->up) : src->up.w;
       stacked.w.insert(stacked.w.end(), up.begin(), up.end());
     }
-    ASSIGN_OR_RETURN(m.gate_up, Linear(src ? &stacked : nullptr, 2 * inter, hidden, false, t, "mlp.gate_up_proj"));
-    ASSIGN_OR_RETURN(m.down, Linear(src ? &src->down : nullptr, hidden, inter, false, t, "mlp.down_proj"));
+    ASSIGN_OR_RETURN(m.gate_up, Linear(src ? &stacked : nullptr, 2 * inter, hidden, false, t, "mlp.gate_up_proj",
+                                       may_fp8 && inter % 128 == 0));
+    ASSIGN_OR_RETURN(m.down, Linear(src ? &src->down : nullptr, hidden, inter, false, t, "mlp.down_proj", may_fp8));
     return m;
   }
 
@@ -182,6 +209,7 @@ class Builder {
  private:
   const ModelWeights* host_;
   uint64_t seed_;
+  bool synthetic_fp8_;
   uint64_t counter_ = 0;
   uint64_t bytes_ = 0;
 };
@@ -191,9 +219,9 @@ class Builder {
 absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, int layer_begin, int layer_end,
                                                          bool with_embedding, bool with_head,
                                                          cuda::GemmType t, const ModelWeights* host,
-                                                         uint64_t seed) {
+                                                         uint64_t seed, bool synthetic_fp8) {
   auto m = std::make_unique<DModel>();
-  Builder b(host, seed);
+  Builder b(host, seed, synthetic_fp8);
   const bool bf16 = t == cuda::GemmType::kBF16;
   const int H = c.hidden_size, NH = c.num_heads, QK = c.qk_head_dim(), L = c.kv_lora_rank,
             R = c.qk_rope_head_dim;
@@ -204,7 +232,7 @@ absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, i
   }
   if (with_head) {
     ASSIGN_OR_RETURN(m->final_norm, b.Norm(host ? &host->final_norm : nullptr, H, "norm"));
-    ASSIGN_OR_RETURN(m->lm_head, b.Linear(host ? &host->lm_head : nullptr, c.vocab_size, H, false, t, "lm_head"));
+    ASSIGN_OR_RETURN(m->lm_head, b.Linear(host ? &host->lm_head : nullptr, c.vocab_size, H, false, t, "lm_head", true));
   }
   for (int g = layer_begin; g < layer_end; ++g) {
     const LayerWeights* w = host ? &host->layers[g - layer_begin] : nullptr;
@@ -213,30 +241,30 @@ absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, i
     ASSIGN_OR_RETURN(d.post_norm, b.Norm(w ? &w->post_attention_norm : nullptr, H, "post_attention_layernorm"));
     const bool bias = c.attention_bias;
     if (c.q_lora_rank == 0) {
-      ASSIGN_OR_RETURN(d.q_proj, b.Linear(w ? &w->q_proj : nullptr, NH * QK, H, false, t, "q_proj"));
+      ASSIGN_OR_RETURN(d.q_proj, b.Linear(w ? &w->q_proj : nullptr, NH * QK, H, false, t, "q_proj", true));
     } else {
-      ASSIGN_OR_RETURN(d.q_a, b.Linear(w ? &w->q_a : nullptr, c.q_lora_rank, H, bias, t, "q_a_proj"));
+      ASSIGN_OR_RETURN(d.q_a, b.Linear(w ? &w->q_a : nullptr, c.q_lora_rank, H, bias, t, "q_a_proj", true));
       ASSIGN_OR_RETURN(d.q_a_norm, b.Norm(w ? &w->q_a_norm : nullptr, c.q_lora_rank, "q_a_layernorm"));
-      ASSIGN_OR_RETURN(d.q_b, b.Linear(w ? &w->q_b : nullptr, NH * QK, c.q_lora_rank, false, t, "q_b_proj"));
+      ASSIGN_OR_RETURN(d.q_b, b.Linear(w ? &w->q_b : nullptr, NH * QK, c.q_lora_rank, false, t, "q_b_proj", true));
     }
-    ASSIGN_OR_RETURN(d.kv_a, b.Linear(w ? &w->kv_a : nullptr, L + R, H, bias, t, "kv_a_proj_with_mqa"));
+    ASSIGN_OR_RETURN(d.kv_a, b.Linear(w ? &w->kv_a : nullptr, L + R, H, bias, t, "kv_a_proj_with_mqa", true));
     ASSIGN_OR_RETURN(d.kv_a_norm, b.Norm(w ? &w->kv_a_norm : nullptr, L, "kv_a_layernorm"));
     ASSIGN_OR_RETURN(d.kv_b, b.Linear(w ? &w->kv_b : nullptr, NH * (c.qk_nope_head_dim + c.v_head_dim), L, false, t,
                                       "kv_b_proj"));
-    ASSIGN_OR_RETURN(d.o, b.Linear(w ? &w->o : nullptr, H, NH * c.v_head_dim, bias, t, "o_proj"));
+    ASSIGN_OR_RETURN(d.o, b.Linear(w ? &w->o : nullptr, H, NH * c.v_head_dim, bias, t, "o_proj", true));
     if (c.layers[g].indexer == IndexerMode::kFull) {
       const IndexerWeights* iw = w ? &w->indexer : nullptr;
       const int IH = c.index_n_heads, ID = c.index_head_dim;
-      ASSIGN_OR_RETURN(d.index_wq_b, b.Linear(iw ? &iw->wq_b : nullptr, IH * ID, c.q_lora_rank, false, t, "indexer.wq_b"));
-      ASSIGN_OR_RETURN(d.index_wk, b.Linear(iw ? &iw->wk : nullptr, ID, H, false, t, "indexer.wk"));
+      ASSIGN_OR_RETURN(d.index_wq_b, b.Linear(iw ? &iw->wq_b : nullptr, IH * ID, c.q_lora_rank, false, t, "indexer.wq_b", true));
+      ASSIGN_OR_RETURN(d.index_wk, b.Linear(iw ? &iw->wk : nullptr, ID, H, false, t, "indexer.wk", true));
       ASSIGN_OR_RETURN(d.index_weights_proj,
-                       b.Linear(iw ? &iw->weights_proj : nullptr, IH, H, false, t, "indexer.weights_proj"));
+                       b.Linear(iw ? &iw->weights_proj : nullptr, IH, H, false, t, "indexer.weights_proj", true));
       ASSIGN_OR_RETURN(d.index_k_norm_w, b.Norm(iw ? &iw->k_norm_w : nullptr, ID, "indexer.k_norm.weight"));
       ASSIGN_OR_RETURN(d.index_k_norm_b, b.Tensor(iw ? &iw->k_norm_b : nullptr, ID, false, 0.0f, 0.02f,
                                                   "indexer.k_norm.bias"));
     }
     if (!c.layers[g].moe) {
-      ASSIGN_OR_RETURN(d.dense, b.Mlp(w ? &w->dense : nullptr, H, c.intermediate_size, t));
+      ASSIGN_OR_RETURN(d.dense, b.Mlp(w ? &w->dense : nullptr, H, c.intermediate_size, t, true));
     } else {
       const int E = c.n_routed_experts;
       ASSIGN_OR_RETURN(d.router, b.Linear(w ? &w->router : nullptr, E, H, false, cuda::GemmType::kF32, "mlp.gate"));
@@ -247,7 +275,8 @@ absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, i
         d.experts.push_back(std::move(x));
       }
       if (c.n_shared_experts > 0) {
-        ASSIGN_OR_RETURN(d.shared, b.Mlp(w ? &w->shared : nullptr, H, c.moe_intermediate_size * c.n_shared_experts, t));
+        ASSIGN_OR_RETURN(d.shared,
+                         b.Mlp(w ? &w->shared : nullptr, H, c.moe_intermediate_size * c.n_shared_experts, t, true));
       }
     }
     m->layers.push_back(std::move(d));

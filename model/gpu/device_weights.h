@@ -93,11 +93,13 @@ struct DModel {
 // fp8 form stay fp8 where the fp8 GEMM takes them — `in` a multiple of 16,
 // gate and up stacked only when their rows fill whole 128-row blocks — and
 // are decoded to `type` elsewhere); with host == nullptr, generates every
-// tensor on the device from `seed`.
+// tensor on the device from `seed` (fp8 with block scales, the values of the
+// bf16 ones on the e4m3 grid, for the layers that may be fp8 when
+// synthetic_fp8).
 absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, int layer_begin, int layer_end,
                                                          bool with_embedding, bool with_head,
                                                          cuda::GemmType type, const ModelWeights* host,
-                                                         uint64_t seed);
+                                                         uint64_t seed, bool synthetic_fp8 = false);
 
 }  // namespace strata::gpu
 

@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   STRATA_CUDA_RETURN(cudaEventCreateWithFlags(&im->ids_ready, cudaEventDisableTiming));
   const cuda::GemmType type = opt.f32_gemm ? cuda::GemmType::kF32 : cuda::GemmType::kBF16;
   ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
-                                                opt.layer_end == c.num_layers, type, host, seed));
+                                                opt.layer_end == c.num_layers, type, host, seed,
+                                                opt.fp8_weights));
   ASSIGN_OR_RETURN(im->gemm, cuda::GemmRunner::Create(opt.batch_invariant_gemm));
   if (opt.fp8_weights) {
     ASSIGN_OR_RETURN(im->fp8_gemm, cuda::Fp8GemmRunner::Create(opt.batch_invariant_gemm));
