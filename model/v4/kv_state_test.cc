@@ -1,0 +1,206 @@
+// Save and resume of DeepSeek-V4 sequences through `.coli_kv` v3 files, on the
+// transformers fixtures of tests/data/models: a sequence saved after any
+// number of tokens — mid-block, before and after the window fills, through
+// appends of one token and of many — loads back with the saved state's bits,
+// and continuing it gives the logits of an uninterrupted run bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvstore/coli_kv3_file.h"
+#include "kvstore/fault_injection_env.h"
+#include "model/v4/config.h"
+#include "model/v4/engine.h"
+#include "model/v4/kv_state.h"
+#include "nlohmann/json.hpp"
+
+namespace strata::v4 {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> V4FixtureDirs() {
+  std::vector<std::string> dirs;
+  const fs::path root = fs::path(STRATA_SOURCE_DIR) / "tests" / "data" / "models";
+  if (!fs::exists(root)) return dirs;
+  for (const auto& e : fs::directory_iterator(root)) {
+    if (!fs::exists(e.path() / "reference.json")) continue;
+    auto type = ReadModelType(e.path().string());
+    if (type.ok() && *type == "deepseek_v4") dirs.push_back(e.path().string());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+std::vector<int> FixtureTokens(const std::string& dir) {
+  std::ifstream in(dir + "/reference.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str())["tokens"].get<std::vector<int>>();
+}
+
+// Every part of the state the next step can read is bitwise equal (stale
+// window slots are not state, docs/deepseek-v4.md §4.4).
+void ExpectSameState(const V4Config& c, const V4Sequence& a, const V4Sequence& b) {
+  ASSERT_EQ(a.num_tokens(), b.num_tokens());
+  const int t = a.num_tokens(), S = c.sliding_window - 1;
+  for (int l = 0; l < c.num_layers; ++l) {
+    SCOPED_TRACE(::testing::Message() << "layer " << l << ", " << t << " tokens");
+    for (int u = std::max(0, t - S); u < t; ++u) {
+      ASSERT_TRUE(std::equal(a.WindowRow(l, u), a.WindowRow(l, u) + c.head_dim, b.WindowRow(l, u))) << "window row " << u;
+    }
+    for (const auto& [x, y] : {std::pair(&a.layer(l).compressor, &b.layer(l).compressor),
+                               std::pair(&a.layer(l).indexer, &b.layer(l).indexer)}) {
+      EXPECT_EQ(x->rows, y->rows);
+      EXPECT_EQ(x->open_kv, y->open_kv);
+      EXPECT_EQ(x->open_gate, y->open_gate);
+      EXPECT_EQ(x->overlap_kv, y->overlap_kv);
+      EXPECT_EQ(x->overlap_gate, y->overlap_gate);
+    }
+  }
+}
+
+class V4KvStateTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(V4KvStateTest, ResumeAfterEveryAppendIsExact) {
+  const std::string dir = GetParam();
+  auto engine = V4Engine::Load(dir, {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  V4Engine& e = **engine;
+  const V4Config& c = e.config();
+  const std::vector<int> tokens = FixtureTokens(dir);
+  const int T = static_cast<int>(tokens.size());
+  const size_t V = static_cast<size_t>(c.vocab_size);
+
+  // The uninterrupted run: every position's logits.
+  std::vector<float> full;
+  {
+    auto seq = e.NewSequence();
+    ASSERT_TRUE(e.Forward({V4Chunk{seq.get(), tokens}}, true, &full).ok());
+  }
+
+  kv::FaultInjectionEnv env;
+  ASSERT_TRUE(env.CreateDir("/kv").ok());
+  const std::string path = "/kv/s.coli_kv";
+  auto w = kv::ColiKv3Writer::Create(&env, path, V4KvHeader(c, kv::V3RowFormat::kF32));
+  ASSERT_TRUE(w.ok()) << w.status();
+
+  // Appends of one token and of many, so that saves land mid-block, in the
+  // first window, and after chunks longer than the ring's live span.
+  const std::vector<int> sizes = {1, 2, 1, 5, 1, 1, 3, 17, 1, 2, 40, 1, 6, 9, 1, 130};
+  auto seq = e.NewSequence();
+  std::vector<float> step;
+  int at = 0, resumed = 0, saves = 0;
+  for (size_t k = 0; at < T; ++k) {
+    const int n = std::min(sizes[k % sizes.size()], T - at);
+    const auto chunk = absl::MakeConstSpan(&tokens[at], static_cast<size_t>(n));
+    ASSERT_TRUE(e.Forward({V4Chunk{seq.get(), chunk}}, false, &step).ok());
+    ASSERT_TRUE(SaveV4Sequence(c, *seq, chunk, w->get()).ok());
+    at += n;
+    ++saves;
+    ASSERT_EQ((*w)->num_tokens(), at);
+
+    auto r = kv::ColiKv3Reader::Open(&env, path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto loaded = LoadV4Sequence(c, **r);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSameState(c, *seq, **loaded);
+    if (at == T || k % 3 != 0) continue;
+    // Continue the loaded sequence to the end: the uninterrupted run's bits.
+    std::vector<float> rest;
+    ASSERT_TRUE(e.Forward({V4Chunk{loaded->get(), absl::MakeConstSpan(&tokens[at], T - at)}}, true, &rest).ok());
+    ASSERT_EQ(rest.size(), (T - at) * V);
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), full.begin() + at * V))
+        << fs::path(dir).filename() << ": resuming after " << at << " tokens changed the logits";
+    ++resumed;
+  }
+  EXPECT_GE(resumed, 3);
+  std::printf("%s: %d saves, %d resumed runs, file %llu bytes for %d tokens\n", fs::path(dir).filename().c_str(), saves, resumed, static_cast<unsigned long long>(*env.FileSize(path)), T);
+}
+
+// A decode that saves after every token (the commit pattern of a served
+// session) and resumes at positions of every phase of the blocks.
+TEST_P(V4KvStateTest, TokenByTokenSavesResumeMidBlock) {
+  const std::string dir = GetParam();
+  auto engine = V4Engine::Load(dir, {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  V4Engine& e = **engine;
+  const V4Config& c = e.config();
+  std::vector<int> tokens = FixtureTokens(dir);
+  tokens.resize(std::min<size_t>(tokens.size(), 48));
+  const int T = static_cast<int>(tokens.size());
+  std::vector<float> full;
+  {
+    auto seq = e.NewSequence();
+    ASSERT_TRUE(e.Forward({V4Chunk{seq.get(), tokens}}, true, &full).ok());
+  }
+  kv::FaultInjectionEnv env;
+  ASSERT_TRUE(env.CreateDir("/kv").ok());
+  auto w = kv::ColiKv3Writer::Create(&env, "/kv/s.coli_kv", V4KvHeader(c, kv::V3RowFormat::kF32));
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto seq = e.NewSequence();
+  std::vector<float> step;
+  for (int p = 0; p < T; ++p) {
+    const auto one = absl::MakeConstSpan(&tokens[p], 1);
+    ASSERT_TRUE(e.Forward({V4Chunk{seq.get(), one}}, false, &step).ok());
+    ASSERT_TRUE(SaveV4Sequence(c, *seq, one, w->get()).ok());
+    if ((p + 1) % 5 != 0) continue;  // 5, 10, 15, ...: every phase of rates 4 and 16
+    auto r = kv::ColiKv3Reader::Open(&env, "/kv/s.coli_kv");
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto loaded = LoadV4Sequence(c, **r);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    std::vector<float> rest;
+    ASSERT_TRUE(e.Forward({V4Chunk{loaded->get(), absl::MakeConstSpan(&tokens[p + 1], T - p - 1)}}, true, &rest).ok());
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), full.begin() + (p + 1) * c.vocab_size))
+        << "resumed after " << p + 1 << " tokens";
+  }
+  // Token by token the ring uses one slot more than the live span.
+  EXPECT_EQ((*w)->commit().slots.size(), static_cast<size_t>(std::min<int>(T, (*w)->layout().live_tokens())));
+}
+
+TEST_P(V4KvStateTest, RefusesAnotherModelsFileAndWrongTokenCounts) {
+  auto engine = V4Engine::Load(GetParam(), {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const V4Config& c = (*engine)->config();
+  V4Config other = c;
+  other.sliding_window += 1;
+  kv::FaultInjectionEnv env;
+  ASSERT_TRUE(env.CreateDir("/kv").ok());
+  auto w = kv::ColiKv3Writer::Create(&env, "/kv/s.coli_kv", V4KvHeader(other, kv::V3RowFormat::kF32));
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto seq = (*engine)->NewSequence();
+  const std::vector<int> toks = {1, 2, 3};
+  std::vector<float> logits;
+  ASSERT_TRUE((*engine)->Forward({V4Chunk{seq.get(), toks}}, false, &logits).ok());
+  EXPECT_EQ(SaveV4Sequence(c, *seq, toks, w->get()).code(), absl::StatusCode::kFailedPrecondition);
+  auto r = kv::ColiKv3Reader::Open(&env, "/kv/s.coli_kv");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(LoadV4Sequence(c, **r).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  auto w2 = kv::ColiKv3Writer::Create(&env, "/kv/t.coli_kv", V4KvHeader(c, kv::V3RowFormat::kF32));
+  ASSERT_TRUE(w2.ok());
+  EXPECT_EQ(SaveV4Sequence(c, *seq, {1, 2}, w2->get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w2)->num_tokens(), 0);
+  ASSERT_TRUE(SaveV4Sequence(c, *seq, toks, w2->get()).ok());
+  EXPECT_TRUE(SaveV4Sequence(c, *seq, {}, w2->get()).ok());  // nothing new
+  auto fresh = (*engine)->NewSequence();
+  EXPECT_EQ(SaveV4Sequence(c, *fresh, {}, w2->get()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, V4KvStateTest, ::testing::ValuesIn(V4FixtureDirs()), [](const auto& info) {
+  std::string n = fs::path(info.param).filename().string();
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return n;
+});
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(V4KvStateTest);
+
+}  // namespace
+}  // namespace strata::v4
