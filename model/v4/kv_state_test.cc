@@ -7,12 +7,16 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <random>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/testing/scratch_dir.h"
+#include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
+#include "kvstore/env.h"
 #include "kvstore/coli_kv3_file.h"
 #include "kvstore/fault_injection_env.h"
 #include "model/v4/config.h"
@@ -191,6 +195,96 @@ TEST_P(V4KvStateTest, RefusesAnotherModelsFileAndWrongTokenCounts) {
   EXPECT_TRUE(SaveV4Sequence(c, *seq, {}, w2->get()).ok());  // nothing new
   auto fresh = (*engine)->NewSequence();
   EXPECT_EQ(SaveV4Sequence(c, *fresh, {}, w2->get()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The file sizes docs/coli-kv.md ("Version 3", "Size, and bytes per token")
+// gives for the released configs: the layout's sizes equal the table's, and a
+// file filled with the real dimensions (a synthetic state of 300 tokens, so
+// that blocks of both rates have closed) is exactly as large as the formula
+// says and loads back with the saved bits.
+TEST(V4KvStateSizeTest, FileSizeOfTheReleasedConfigs) {
+  struct Row {
+    const char* config;
+    kv::V3RowFormat format;
+    int64_t token_bytes, ring_bytes, csa_block, hca_block, file_128k, file_1m;
+    bool fill;
+  };
+  const Row rows[] = {
+      {"deepseek_v4_flash", kv::V3RowFormat::kF32, 385036, 97799144, 2572, 2060, 1909865448, 14594243560, true},
+      {"deepseek_v4_flash", kv::V3RowFormat::kFp8, 322084, 81809336, 1108, 596, 856473528, 6279036856, false},
+      {"deepseek_v4_pro", kv::V3RowFormat::kF32, 559116, 142015464, 2572, 2060, 2735799272, 20892199912, false},
+      {"deepseek_v4_pro", kv::V3RowFormat::kFp8, 469812, 119332248, 1108, 596, 1227472280, 8984366488, true},
+  };
+  std::mt19937_64 rng(strata::testing::TestSeed());
+  const ScratchDir scratch("v4_kv_size_");
+  for (const Row& row : rows) {
+    SCOPED_TRACE(::testing::Message() << row.config << " format " << static_cast<int>(row.format));
+    std::ifstream in(std::string(STRATA_SOURCE_DIR) + "/tests/data/configs/" + row.config + ".config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto c = ParseV4Config(ss.str());
+    ASSERT_TRUE(c.ok()) << c.status();
+    const kv::V3Layout L(V4KvHeader(*c, row.format));
+    int csa = -1, hca = -1;
+    for (int l = 0; l < c->num_layers; ++l) {
+      if (c->layers[l].attention == AttentionKind::kCsa) csa = l;
+      if (c->layers[l].attention == AttentionKind::kHca) hca = l;
+    }
+    EXPECT_EQ(L.live_tokens(), 127);
+    EXPECT_EQ(L.token_bytes(), row.token_bytes);
+    EXPECT_EQ(L.ring_slots() * L.token_bytes(), row.ring_bytes);
+    EXPECT_EQ(L.block_bytes(csa), row.csa_block);
+    EXPECT_EQ(L.block_bytes(hca), row.hca_block);
+    EXPECT_EQ(L.log_offset() + static_cast<int64_t>(L.LogBytes(131072)), row.file_128k);
+    EXPECT_EQ(L.log_offset() + static_cast<int64_t>(L.LogBytes(1048576)), row.file_1m);
+    std::printf("%s %s: %.0f B per token at 128k, %.0f B at 1M\n", row.config,
+                row.format == kv::V3RowFormat::kF32 ? "f32" : "fp8", row.file_128k / 131072.0, row.file_1m / 1048576.0);
+    if (!row.fill) continue;
+
+    // A state of T tokens with the sizes of docs/deepseek-v4.md §4.4.
+    const int T = 300;
+    V4Sequence seq(*c);
+    std::normal_distribution<float> nd;
+    auto fill = [&](std::vector<float>* v, size_t n) {
+      v->resize(n);
+      for (float& x : *v) x = nd(rng);
+    };
+    for (int l = 0; l < c->num_layers; ++l) {
+      V4LayerState& st = seq.layer(l);
+      fill(&st.window, st.window.size());
+      for (CompressorState* cs : {&st.compressor, &st.indexer}) {
+        if (cs->width == 0) continue;
+        const size_t m = static_cast<size_t>(cs->rate), w = static_cast<size_t>(cs->width);
+        fill(&cs->rows, T / m * w);
+        fill(&cs->open_kv, T % m * cs->coff * w);
+        fill(&cs->open_gate, T % m * cs->coff * w);
+        if (cs->coff == 2) {
+          fill(&cs->overlap_kv, m * w);
+          fill(&cs->overlap_gate, m * w);
+        }
+      }
+    }
+    seq.Commit(T);
+    std::vector<int> tokens(T);
+    for (int& t : tokens) t = static_cast<int>(rng() % static_cast<uint64_t>(c->vocab_size));
+    const std::string path = scratch.path() + "/" + row.config + ".coli_kv";
+    auto w = kv::ColiKv3Writer::Create(kv::Env::Default(), path, V4KvHeader(*c, row.format));
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(SaveV4Sequence(*c, seq, tokens, w->get()).ok());
+    auto size = kv::Env::Default()->FileSize(path);
+    ASSERT_TRUE(size.ok());
+    EXPECT_EQ(static_cast<int64_t>(*size), L.log_offset() + static_cast<int64_t>(L.LogBytes(T)));
+    auto r = kv::ColiKv3Reader::Open(kv::Env::Default(), path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto loaded = LoadV4Sequence(*c, **r);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    if (row.format == kv::V3RowFormat::kF32) {
+      ExpectSameState(*c, seq, **loaded);
+    } else {
+      EXPECT_EQ((*loaded)->layer(csa).compressor.open_kv, seq.layer(csa).compressor.open_kv);  // raw: f32
+      EXPECT_EQ((*loaded)->layer(hca).compressor.rows.size(), seq.layer(hca).compressor.rows.size());
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, V4KvStateTest, ::testing::ValuesIn(V4FixtureDirs()), [](const auto& info) {
