@@ -197,6 +197,78 @@ TEST_P(V4KvStateTest, RefusesAnotherModelsFileAndWrongTokenCounts) {
   EXPECT_EQ(SaveV4Sequence(c, *fresh, {}, w2->get()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// fp8 rows (docs/coli-kv.md, "Rows"): the raw projections come back exact,
+// every window and compressed row within the codec's error (a nope value
+// within 1/14 of its 64-value tile's amax — half an e4m3 step at the top is 16,
+// and a power-of-two scale 2^e is below amax / 224 —
+// and a rope value within 2^-8 relative, bf16), and the resumed run's logits
+// are reported against the uninterrupted f32 run.
+TEST_P(V4KvStateTest, Fp8RowsResumeClose) {
+  const std::string dir = GetParam();
+  auto engine = V4Engine::Load(dir, {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  V4Engine& e = **engine;
+  const V4Config& c = e.config();
+  const std::vector<int> tokens = FixtureTokens(dir);
+  const int T = static_cast<int>(tokens.size()), cut = T / 2 + 1;
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  std::vector<float> full;
+  auto seq = e.NewSequence();
+  ASSERT_TRUE(e.Forward({V4Chunk{seq.get(), tokens}}, true, &full).ok());
+  auto half = e.NewSequence();
+  std::vector<float> step;
+  ASSERT_TRUE(e.Forward({V4Chunk{half.get(), absl::MakeConstSpan(tokens.data(), cut)}}, false, &step).ok());
+
+  kv::FaultInjectionEnv env;
+  ASSERT_TRUE(env.CreateDir("/kv").ok());
+  auto w = kv::ColiKv3Writer::Create(&env, "/kv/s.coli_kv", V4KvHeader(c, kv::V3RowFormat::kFp8));
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(SaveV4Sequence(c, *half, absl::MakeConstSpan(tokens.data(), cut), w->get()).ok());
+  auto r = kv::ColiKv3Reader::Open(&env, "/kv/s.coli_kv");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto loaded = LoadV4Sequence(c, **r);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+
+  const int nope = c.head_dim - c.rope_dim;
+  auto expect_close = [&](const float* x, const float* y, const char* what) {
+    for (int t0 = 0; t0 < nope; t0 += 64) {
+      float amax = 0;
+      for (int i = t0; i < std::min(nope, t0 + 64); ++i) amax = std::max(amax, std::fabs(x[i]));
+      for (int i = t0; i < std::min(nope, t0 + 64); ++i) ASSERT_LE(std::fabs(x[i] - y[i]), amax / 14) << what << " " << i;
+    }
+    for (int i = nope; i < c.head_dim; ++i) ASSERT_LE(std::fabs(x[i] - y[i]), std::ldexp(std::fabs(x[i]), -8)) << what;
+  };
+  const int S = c.sliding_window - 1;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (int u = std::max(0, cut - S); u < cut; ++u) expect_close(half->WindowRow(l, u), (*loaded)->WindowRow(l, u), "window");
+    const CompressorState& a = half->layer(l).compressor;
+    const CompressorState& b = (*loaded)->layer(l).compressor;
+    ASSERT_EQ(a.num_rows(), b.num_rows());
+    for (int k = 0; k < a.num_rows(); ++k) expect_close(a.row(k), b.row(k), "compressed row");
+    EXPECT_EQ(a.open_kv, b.open_kv);
+    EXPECT_EQ(a.open_gate, b.open_gate);
+    EXPECT_EQ(a.overlap_gate, b.overlap_gate);
+    EXPECT_EQ(half->layer(l).indexer.rows, (*loaded)->layer(l).indexer.rows);  // index keys stay f32
+  }
+  std::vector<float> rest;
+  ASSERT_TRUE(e.Forward({V4Chunk{loaded->get(), absl::MakeConstSpan(&tokens[cut], T - cut)}}, true, &rest).ok());
+  float max_ref = 0, max_err = 0;
+  int agree = 0;
+  for (int p = 0; p < T - cut; ++p) {
+    const float* ref = &full[(cut + p) * V];
+    const float* got = &rest[p * V];
+    for (size_t v = 0; v < V; ++v) {
+      ASSERT_TRUE(std::isfinite(got[v]));
+      max_ref = std::max(max_ref, std::fabs(ref[v]));
+      max_err = std::max(max_err, std::fabs(got[v] - ref[v]));
+    }
+    agree += std::max_element(ref, ref + V) - ref == std::max_element(got, got + V) - got;
+  }
+  std::printf("%s: fp8 rows, resumed after %d tokens: max|dlogit| %.3g (%.2e of max|logit|), top-1 %d/%d\n",
+              fs::path(dir).filename().c_str(), cut, max_err, max_err / max_ref, agree, T - cut);
+  EXPECT_GE(agree * 10, (T - cut) * 8);  // loose: tiny random models flip near-ties, the indexer reselects
+}
+
 // The file sizes docs/coli-kv.md ("Version 3", "Size, and bytes per token")
 // gives for the released configs: the layout's sizes equal the table's, and a
 // file filled with the real dimensions (a synthetic state of 300 tokens, so
