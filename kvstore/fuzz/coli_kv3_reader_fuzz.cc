@@ -56,6 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     auto f = env.Open(path, OpenMode::kCreate);
     if (!f.ok() || !(*f)->Write(0, std::string_view(reinterpret_cast<const char*>(data), size)).ok()) abort();
+    if (!(*f)->Sync().ok() || !env.SyncDir("/f").ok()) abort();  // the input survives the power loss below
   }
   auto r = ColiKv3Reader::Open(&env, path);
   if (r.ok()) {
