@@ -79,6 +79,10 @@ std::string EncodeHeader(const Header& h) {
 
 absl::StatusOr<Header> DecodeHeader(std::string_view b) {
   const std::string_view magic = b.substr(0, 8);
+  if (magic == std::string_view("COLIKV3\0", 8)) {
+    return absl::InvalidArgumentError(
+        "a .coli_kv v3 file (DeepSeek-V4 sequence state, docs/coli-kv.md \"Version 3\"): not a v1/v2 session");
+  }
   if (magic != kMagicV1.substr(0, magic.size()) && magic != kMagicV2.substr(0, magic.size())) {
     return absl::InvalidArgumentError("not a .coli_kv file: the magic is neither COLIKV1 nor COLIKV2");
   }

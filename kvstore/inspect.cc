@@ -69,6 +69,31 @@ void CheckManifest(const ColiKvReader& reader, const InspectOptions& options, In
   }
 }
 
+Json V3Json(const V3InspectReport& v) {
+  Json layers = Json::array();
+  for (const V3Layer& l : v.header.layers) layers.push_back(Json::array({static_cast<int>(l.kind), l.rate}));
+  Json j{{"head_dim", v.header.head_dim},
+         {"rope_dim", v.header.rope_dim},
+         {"index_hd", v.header.index_hd},
+         {"window", v.header.window},
+         {"vocab", v.header.vocab},
+         {"row_format", v.header.row_format == V3RowFormat::kF32 ? "f32" : "fp8"},
+         {"layers", std::move(layers)},
+         {"token_record_bytes", v.token_record_bytes},
+         {"live_tokens", v.live_tokens},
+         {"ring_slots", v.ring_slots},
+         {"log_offset", v.log_offset},
+         {"current_commit", v.current},
+         {"other_commit", v.other_commit},
+         {"live_token_ids", v.live_token_ids}};
+  if (v.commit.has_value()) {
+    j["seq"] = v.commit->seq;
+    j["num_tokens"] = v.commit->num_tokens;
+    j["log_bytes"] = v.commit->log_bytes;
+  }
+  return j;
+}
+
 }  // namespace
 
 absl::StatusOr<InspectReport> Inspect(Env* env, const std::string& path,
@@ -85,8 +110,14 @@ absl::StatusOr<InspectReport> Inspect(Env* env, const std::string& path,
       r.magic = "COLIKV1";
     } else if (head.substr(0, 8) == kMagicV2) {
       r.magic = "COLIKV2";
+    } else if (head.substr(0, 8) == kMagicV3) {
+      r.magic = "COLIKV3";
     } else {
       for (char c : head.substr(0, 8)) absl::StrAppendFormat(&r.magic, "%02x", static_cast<uint8_t>(c));
+    }
+    if (r.magic == "COLIKV3") {
+      RETURN_IF_ERROR(InspectV3(env, path, options, &r));
+      return r;
     }
     absl::StatusOr<Header> h = DecodeHeader(head);
     if (!h.ok()) {
@@ -153,6 +184,9 @@ std::string InspectReport::ToJson() const {
     j["torn"] = torn;
     j["bytes_after_records"] = bytes_after_records;
     j["first_tokens"] = first_tokens;
+  } else if (v3.has_value()) {
+    j["version"] = 3;
+    j["v3"] = V3Json(*v3);
   } else {
     j["version"] = nullptr;
   }

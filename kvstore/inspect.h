@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvstore/coli_kv.h"
+#include "kvstore/coli_kv3.h"
 #include "kvstore/env.h"
 #include "kvstore/session_file.h"
 
@@ -34,13 +35,27 @@ struct InspectOptions {
   std::optional<uint64_t> expected_model_digest;
 };
 
+// What Inspect found in a v3 file (docs/coli-kv.md, "Version 3").
+struct V3InspectReport {
+  V3Header header;
+  int64_t token_record_bytes = 0;
+  int32_t live_tokens = 0;  // N
+  int32_t ring_slots = 0;   // R
+  int64_t log_offset = 0;
+  std::optional<V3Commit> commit;  // the current one, when one is valid
+  int current = -1;                // which of the two commit records
+  std::string other_commit;        // why the other is not current ("" when valid and older)
+  std::vector<int32_t> live_token_ids;  // of positions [T − n, T), at most max_tokens
+};
+
 // What Inspect found. `problems` is empty for a healthy session file; each
 // entry is a status with the code VerifyFile returns for it.
 struct InspectReport {
   std::string path;
   uint64_t file_bytes = 0;
-  std::string magic;  // "COLIKV1", "COLIKV2", or the first 8 bytes in hex
-  std::optional<Header> header;  // when the header decodes
+  std::string magic;  // "COLIKV1", "COLIKV2", "COLIKV3", or the first 8 bytes in hex
+  std::optional<Header> header;  // when a v1/v2 header decodes
+  std::optional<V3InspectReport> v3;  // when a v3 header decodes
   int64_t record_bytes = 0;
   int64_t nrec = 0;  // readable committed records
   bool torn = false;
@@ -61,6 +76,13 @@ struct InspectReport {
 // problem with the contents is reported, not returned.
 absl::StatusOr<InspectReport> Inspect(Env* env, const std::string& path,
                                       const InspectOptions& options);
+
+// The v3 part of Inspect: fills report->v3, and with options.scan_records
+// reads every live token record and the whole block log, each problem a
+// DATA_LOSS entry. A v3 file has no manifest; an expected fingerprint is a
+// FAILED_PRECONDITION problem (nothing to compare it with).
+absl::Status InspectV3(Env* env, const std::string& path, const InspectOptions& options,
+                       InspectReport* report);
 
 // Inspect(...)->ToJson().
 absl::StatusOr<std::string> InspectFile(Env* env, const std::string& path,

@@ -5,11 +5,13 @@
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "kvstore/coli_kv3_file.h"
 #include "kvstore/coli_kv_file.h"
 #include "kvstore/fault_injection_env.h"
 #include "kvstore/manifest.h"
 #include "kvstore/session_file.h"
 #include "kvstore/test_util.h"
+#include "kvstore/v3_test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace strata::kv {
@@ -194,6 +196,53 @@ TEST_F(InspectTest, ConvertCarriesTheManifest) {
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(ConvertSessionFile(&env_, "/s/none", "/s/c.coli_kv", Version::kV2).code(),
             absl::StatusCode::kNotFound);
+}
+
+// v3 files: the report names the commit and the live tokens; damage is
+// DATA_LOSS; a model to compare with is FAILED_PRECONDITION (no fingerprint).
+TEST(InspectV3Test, HealthyAndDamagedFiles) {
+  auto rng = testing::FreshRng();
+  V3Header h = testing::RandomV3Header(rng);
+  h.layers.push_back({V3Kind::kCsa, 2});
+  testing::V3Model model(rng, h);
+  FaultInjectionEnv env;
+  ASSERT_TRUE(env.CreateDir("/kv").ok());
+  const std::string path = "/kv/v4.coli_kv";
+  {
+    auto w = ColiKv3Writer::Create(&env, path, h);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append(3, model.Tokens(0, 3), model.Blocks(0, 3)).ok());
+    ASSERT_TRUE((*w)->Append(7, model.Tokens(3, 7), model.Blocks(3, 7)).ok());
+  }
+  InspectOptions o;
+  auto json = InspectFile(&env, path, o);
+  ASSERT_TRUE(json.ok()) << json.status();
+  const Json j = Json::parse(*json);
+  EXPECT_EQ(j["magic"], "COLIKV3");
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["v3"]["num_tokens"], 7);
+  EXPECT_EQ(j["v3"]["seq"], 3);
+  EXPECT_EQ(j["v3"]["current_commit"], 0);
+  EXPECT_EQ(j["v3"]["layers"].size(), h.layers.size());
+  const int64_t n = std::min<int64_t>(7, model.sizes().live);
+  ASSERT_EQ(j["v3"]["live_token_ids"].size(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(j["v3"]["live_token_ids"][i], testing::I32(model.Token(7 - n + i), 4));
+  EXPECT_TRUE(j["ok"]);
+  EXPECT_TRUE(VerifyFile(&env, path, o).ok());
+
+  InspectOptions with_model;
+  with_model.expected_fingerprint = ModelIdentity(1, std::nullopt);
+  EXPECT_EQ(VerifyFile(&env, path, with_model).code(), absl::StatusCode::kFailedPrecondition);
+
+  // The last block record damaged.
+  std::string bytes = *ReadFileToString(&env, path, 1 << 30);
+  bytes[bytes.size() - 6] ^= 0x20;
+  ASSERT_TRUE((*env.Open(path, OpenMode::kCreateTruncate))->Write(0, bytes).ok());
+  EXPECT_EQ(VerifyFile(&env, path, o).code(), absl::StatusCode::kDataLoss);
+  // A damaged header.
+  bytes[13] ^= 1;
+  ASSERT_TRUE((*env.Open(path, OpenMode::kCreateTruncate))->Write(0, bytes).ok());
+  EXPECT_EQ(VerifyFile(&env, path, o).code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -59,7 +59,9 @@ void CompressorPush(const CompressorWeights& w, const RopeTable& rope, double ep
     int n = 0;
     if (has_prev) {
       for (int j = 0; j < m; ++j, ++n) {
-        z[n] = s->overlap_gate[static_cast<size_t>(j) * width + e];
+        // The same f32 sum the block's own tokens get: stored raw, so that
+        // the state is the tokens' projections alone (docs/deepseek-v4.md §4.4).
+        z[n] = s->overlap_gate[static_cast<size_t>(j) * width + e] + bias[static_cast<size_t>(j) * cw + e];
         v[n] = s->overlap_kv[static_cast<size_t>(j) * width + e];
       }
     }
@@ -84,14 +86,15 @@ void CompressorPush(const CompressorWeights& w, const RopeTable& rope, double ep
   rope.Apply(pooled.data(), width, block * m);
   s->rows.insert(s->rows.end(), pooled.begin(), pooled.end());
   if (coff == 2) {
-    // Keep this block's Ca halves (gate with its position bias) for the next.
+    // Keep this block's Ca halves (raw: the position bias is added when the
+    // next block pools them) for the next.
     s->overlap_kv.resize(static_cast<size_t>(m) * width);
     s->overlap_gate.resize(static_cast<size_t>(m) * width);
     for (int j = 0; j < m; ++j) {
       for (int e = 0; e < width; ++e) {
         const size_t at = static_cast<size_t>(j) * cw + e;
         s->overlap_kv[static_cast<size_t>(j) * width + e] = s->open_kv[at];
-        s->overlap_gate[static_cast<size_t>(j) * width + e] = s->open_gate[at] + bias[at];
+        s->overlap_gate[static_cast<size_t>(j) * width + e] = s->open_gate[at];
       }
     }
   }

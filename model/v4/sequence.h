@@ -14,8 +14,8 @@
 //                 at w·m); open: the raw kv_proj and gate_proj outputs (c·d
 //                 each, gate without position bias) of the T mod m tokens of
 //                 the open block; overlap (CSA, once a block has closed): the
-//                 last closed block's m Ca halves, kv [m, d] and gate +
-//                 position bias [m, d]
+//                 last closed block's m Ca halves, kv [m, d] and gate [m, d]
+//                 (raw, like open: the bias is added when they are pooled)
 //   indexer       (CSA) the same at width di: rows are the index keys
 //
 // Thread-safety: not thread-safe; the engine updates a sequence from one
@@ -40,7 +40,7 @@ struct CompressorState {
   std::vector<float> open_kv;       // [open tokens, coff·width]
   std::vector<float> open_gate;     // [open tokens, coff·width], without position bias
   std::vector<float> overlap_kv;    // CSA: [m, width] once a block has closed, else empty
-  std::vector<float> overlap_gate;  // CSA: [m, width], position bias added
+  std::vector<float> overlap_gate;  // CSA: [m, width], raw (without position bias)
 
   int num_rows() const { return width == 0 ? 0 : static_cast<int>(rows.size() / width); }
   int open_tokens() const { return width == 0 ? 0 : static_cast<int>(open_kv.size() / (coff * width)); }
