@@ -76,6 +76,8 @@ struct Generation {
   ApiAuth::Slot slot;  // the caller's concurrent-stream slot, held to the end
   int fd = -1;
   bool closed = false, started = false, finished = false;
+  absl::Time arrived = absl::Now();  // the handler started: the request was read
+  metrics::Histogram* ttft = nullptr;  // strata_http_time_to_first_token_seconds (streams)
   absl::Status status;
   std::deque<v1::GenerateResponse> pending;
 };
@@ -306,6 +308,12 @@ void HttpGateway::Routes() {
     ctx.tokenizer = service_->model()->tokenizer.get();
     auto gen = std::make_shared<Generation>(std::move(ctx), std::move(*slot));
     gen->fd = ConnectionSocket(req);
+    if (registry_ != nullptr && r->stream) {
+      gen->ttft = registry_->GetHistogram(
+          "strata_http_time_to_first_token_seconds",
+          "HTTP streams: from the request read to its first token's event written to the connection.",
+          metrics::LatencyBuckets(), {{"path", RouteOf(req.path)}});
+    }
     service_->Start(*caller, r->generate, gen->sink, std::nullopt);
 
     const int poll_ms = std::min(200, std::max(10, options_.keepalive_ms));
@@ -376,6 +384,10 @@ void HttpGateway::Routes() {
           if (!sink.write(out.data(), out.size())) {
             scheduler->Cancel(gen->sink.get());
             return false;
+          }
+          if (gen->ttft != nullptr && out != kSseKeepAlive) {
+            gen->ttft->Observe(absl::ToDoubleSeconds(absl::Now() - gen->arrived));
+            gen->ttft = nullptr;  // once
           }
           if (gen->closed) {
             gen->finished = true;

@@ -139,6 +139,7 @@ class Cluster:
         host, port = self.http.rsplit(":", 1)
         conn = (http.client.HTTPSConnection(host, int(port), context=self.context, timeout=120) if self.context
                 else http.client.HTTPConnection(host, int(port), timeout=120))
+        conn.connect()  # time from the request sent, as the server's metrics count
         t0 = time.monotonic()
         conn.request("POST", path, body=json.dumps(body), headers=self.headers(token))
         resp = conn.getresponse()
