@@ -141,7 +141,11 @@ GenerationService::GenerationService(const ModelContext* model, Scheduler* sched
       seeds_(std::random_device{}()) {}
 
 absl::StatusOr<std::string> GenerationService::Caller(const grpc::CallbackServerContext* ctx) {
-  absl::StatusOr<std::string> caller = auth_->Authenticate(Authorization(ctx));
+  return Authorize(Authorization(ctx));
+}
+
+absl::StatusOr<std::string> GenerationService::Authorize(absl::string_view authorization) {
+  absl::StatusOr<std::string> caller = auth_->Authenticate(authorization);
   if (!caller.ok()) return caller.status();
   if (absl::Status st = auth_->Admit(*caller); !st.ok()) return st;
   return caller;
@@ -175,33 +179,38 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc
     return reactor;
   }
   reactor->Hold(std::move(*slot));
+  std::optional<absl::Time> deadline;
+  const auto d = ctx->deadline();
+  if (d < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) deadline = absl::FromChrono(d);
+  Start(*caller, *req, reactor->handle(), deadline);
+  return reactor;
+}
+
+void GenerationService::Start(const std::string& caller, const v1::GenerateRequest& req,
+                              std::shared_ptr<GenerateSink> sink, std::optional<absl::Time> deadline) {
   uint64_t seed;
   {
     std::lock_guard<std::mutex> l(seed_mu_);
     seed = seeds_() >> 1;
   }
-  absl::StatusOr<RequestSpec> spec = ParseRequest(*req, *model_, seed);
+  absl::StatusOr<RequestSpec> spec = ParseRequest(req, *model_, seed);
   if (!spec.ok()) {
-    reactor->Reject(spec.status());
-    return reactor;
+    sink->Close(spec.status());
+    return;
   }
-  spec->owner = *caller;
+  spec->owner = caller;
   if (!sessions_->persistent()) spec->persist = false;
-  std::optional<absl::Time> deadline;
-  const auto d = ctx->deadline();
-  if (d < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) deadline = absl::FromChrono(d);
   if (sessions_->NeedsPrepare(*spec)) {
     // A stored session is loaded onto the stages (or created) first.
-    Detach([this, reactor, spec = std::move(*spec), deadline]() mutable {
+    Detach([this, sink, spec = std::move(*spec), deadline]() mutable {
       absl::Status st = sessions_->Prepare(&spec);
-      if (st.ok()) st = Submit(std::move(spec), reactor->handle(), deadline);
-      if (!st.ok()) reactor->Reject(st);
+      if (st.ok()) st = Submit(std::move(spec), sink, deadline);
+      if (!st.ok()) sink->Close(st);
     });
-    return reactor;
+    return;
   }
   sessions_->ReserveResident(&*spec);
-  if (absl::Status st = Submit(std::move(*spec), reactor->handle(), deadline); !st.ok()) reactor->Reject(st);
-  return reactor;
+  if (absl::Status st = Submit(std::move(*spec), sink, deadline); !st.ok()) sink->Close(st);
 }
 
 absl::Status GenerationService::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> sink,

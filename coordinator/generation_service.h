@@ -37,6 +37,24 @@ class GenerationService final : public v1::Generation::CallbackService {
   // The same wait, for shutting down before the scheduler and the cluster go.
   void Drain();
 
+  // Starts one generation for `caller` (authenticated, and holding its
+  // stream slot): validates `req` (ParseRequest), loads or creates its
+  // session when it needs one, and submits it to the scheduler. Everything
+  // that follows reaches `sink`: chunks, the final message and exactly one
+  // Close — also for a rejection (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...),
+  // which may come before Start returns. The gRPC Generate and the HTTP
+  // gateway (coordinator/http) both start generations here, so the same
+  // request and seed give the same tokens on either.
+  void Start(const std::string& caller, const v1::GenerateRequest& req, std::shared_ptr<GenerateSink> sink,
+             std::optional<absl::Time> deadline);
+  // The caller of an `authorization` value (empty when absent), counted
+  // against its request rate: UNAUTHENTICATED or RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::string> Authorize(absl::string_view authorization);
+  ApiAuth* auth() const { return auth_; }
+  Scheduler* scheduler() const { return scheduler_; }
+  Cluster* cluster() const { return cluster_; }
+  const ModelContext* model() const { return model_; }
+
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,

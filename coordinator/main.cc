@@ -6,9 +6,12 @@
 //                      (--tls-cert F --tls-key F | --insecure-public)
 //                      (--api-tokens F | --allow-unauthenticated)
 //                      (--cluster-ca F --cluster-cert F --cluster-key F | --insecure-cluster)
+//                      [--http-listen 127.0.0.1:8000] [--metrics-listen 0.0.0.0:9400]
 //
-// Prints "internal ADDRESS" (where workers register) and then "listening
-// ADDRESS" (the public API) once serving; readiness is published on
+// Prints "internal ADDRESS" (where workers register), "http ADDRESS" (with
+// --http-listen: the OpenAI-compatible API, docs/http.md), "metrics ADDRESS"
+// (with --metrics-listen, docs/metrics.md) and then "listening ADDRESS" (the
+// public gRPC API) once serving; readiness is published on
 // grpc.health.v1 under "strata.v1.Generation". SIGINT / SIGTERM drain: readiness
 // goes false, no new requests, running ones finish up to --drain-timeout-s; a
 // second signal exits at once.
@@ -25,14 +28,18 @@
 #include "common/cluster_security.h"
 #include "common/flags.h"
 #include "common/health_port.h"
+#include "common/metrics.h"
+#include "common/metrics_port.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "coordinator/api_auth.h"
 #include "coordinator/cluster.h"
 #include "coordinator/generation_service.h"
+#include "coordinator/http/http_gateway.h"
 #include "coordinator/request.h"
 #include "coordinator/kv_client.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/serving_metrics.h"
 #include "coordinator/session_manager.h"
 #include "coordinator/sessions.h"
 #include "model/fingerprint.h"
@@ -101,10 +108,40 @@ absl::StatusOr<Security> SecurityFromFlags(const strata::FlagSet& flags) {
   return s;
 }
 
+// The gauges read at scrape time (docs/metrics.md §2): the scheduler's queue
+// and each stage's state, asked of its worker.
+void RegisterClusterGauges(strata::metrics::Registry* reg, strata::coordinator::Scheduler* scheduler,
+                           strata::coordinator::Cluster* cluster) {
+  reg->OnScrape([reg, scheduler, cluster] {
+    const strata::coordinator::SchedulerStats st = scheduler->Stats();
+    reg->GetGauge("strata_requests_running", "Requests generating now.")->Set(static_cast<double>(st.running));
+    reg->GetGauge("strata_requests_waiting", "Requests waiting for a running slot.")->Set(static_cast<double>(st.queued));
+    reg->GetGauge("strata_resident_sessions", "Sessions whose KV rows are on the stages.")
+        ->Set(static_cast<double>(st.resident_sessions));
+    reg->GetGauge("strata_batches_in_flight", "Micro-batches in the pipeline.")
+        ->Set(static_cast<double>(st.batches_in_flight));
+    reg->GetGauge("strata_cluster_ready", "1 when every stage has its layers and requests are served.")
+        ->Set(cluster->ready() ? 1 : 0);
+    for (const strata::v1::StageStats& s : cluster->StageStats()) {
+      const strata::metrics::Labels l = {{"stage", std::to_string(s.stage())}, {"worker", s.worker()}};
+      reg->GetGauge("strata_stage_up", "1 when the stage's worker answered the scrape.", l)->Set(s.up() ? 1 : 0);
+      reg->GetGauge("strata_stage_kv_pages_used", "64-token KV pages the stage holds, over its layers.", l)
+          ->Set(static_cast<double>(s.kv_pages()));
+      reg->GetGauge("strata_stage_kv_bytes_used", "Bytes of KV rows the stage holds.", l)
+          ->Set(static_cast<double>(s.kv_bytes()));
+      reg->GetGauge("strata_stage_sequences", "Sequences whose KV rows the stage holds.", l)
+          ->Set(static_cast<double>(s.sequences()));
+      reg->GetGauge("strata_stage_queue_depth", "Batches waiting at the stage.", l)
+          ->Set(static_cast<double>(s.queue_depth()));
+    }
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace strata::coordinator;
+  namespace metrics = strata::metrics;
   strata::FlagSet flags;
   flags.Declare("model", "model directory (config.json, safetensors, tokenizer.json), readable by every worker");
   flags.Declare("listen", "public API address: strata.v1.Generation (default 127.0.0.1:50051; port 0: any free port)");
@@ -117,6 +154,11 @@ int main(int argc, char** argv) {
   flags.Declare("allow-unauthenticated", "serve the public API without tokens (development only)", true);
   flags.Declare("max-concurrent-per-token", "Generate streams one token may have open (default 64; 0: no limit)");
   flags.Declare("max-rps-per-token", "requests per second one token may start (default 0: no limit)");
+  flags.Declare("http-listen", "OpenAI-compatible HTTP API address, with the public port's TLS and tokens "
+                                "(docs/http.md; default: none)");
+  flags.Declare("http-threads", "HTTP connections served at once; each stream holds one (default 128)");
+  flags.Declare("served-model-name", "the model's name in the HTTP API (default: the model directory's name)");
+  flags.Declare("metrics-listen", "plaintext address serving only GET /metrics, for Prometheus (default: none)");
   flags.Declare("drain-timeout-s", "on SIGTERM, running requests get this long to finish (default 30)");
   strata::DeclareClusterSecurityFlags(flags);
   flags.Declare("workers", "workers to place the model over (default 1)");
@@ -165,6 +207,10 @@ int main(int argc, char** argv) {
     synthetic_seed = static_cast<uint64_t>(*seed);
   }
 
+  auto http_threads = flags.GetInt("http-threads", 128);
+  if (!http_threads.ok() || *http_threads < 4 || *http_threads > 4096) {
+    return Usage("--http-threads must be in [4, 4096]", flags);
+  }
   auto drain = flags.GetInt("drain-timeout-s", 30);
   if (!drain.ok() || *drain < 0 || *drain > 86400) return Usage("--drain-timeout-s must be in [0, 86400]", flags);
   absl::StatusOr<Security> security = SecurityFromFlags(flags);
@@ -231,6 +277,9 @@ int main(int argc, char** argv) {
   so.max_running = static_cast<int>(*max_running);
   so.max_queued = static_cast<int>(*max_queued);
   so.prefill_chunk = static_cast<int>(*chunk);
+  metrics::Registry registry;
+  ServingMetrics serving_metrics(&registry);
+  so.metrics = &serving_metrics;
   auto scheduler = std::make_unique<Scheduler>(so, model->get(), cluster->get(), &sessions);
   SessionManager manager(SessionManagerOptions{}, &sessions, scheduler.get(), cluster->get(), std::move(store));
   scheduler->SetTurnListener([&manager](const TurnEnd& t) { manager.OnTurnEnd(t); });
@@ -276,7 +325,39 @@ int main(int argc, char** argv) {
   std::atomic<bool> draining{false};
   strata::HealthPort* h = health->get();
   (*cluster)->Start(scheduler.get(), [h, &draining](bool ready) { h->Set("strata.v1.Generation", ready && !draining); });
+  Cluster* cl = cluster->get();
+  Scheduler* sch = scheduler.get();
+  RegisterClusterGauges(&registry, sch, cl);
+  auto metrics_port = strata::MetricsPort::Start(flags.Get("metrics-listen"), &registry);
+  if (!metrics_port.ok()) {
+    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(metrics_port.status().message()).c_str());
+    return 1;
+  }
+  std::unique_ptr<http::HttpGateway> gateway;
+  if (flags.Has("http-listen")) {
+    http::HttpGatewayOptions ho;
+    ho.listen = flags.Get("http-listen");
+    ho.tls_cert = flags.Get("tls-cert");
+    ho.tls_key = flags.Get("tls-key");
+    ho.served_model_name = flags.Get("served-model-name");
+    ho.threads = static_cast<int>(*http_threads);
+    auto g = http::HttpGateway::Start(
+        ho, generation.get(), [cl, &draining] { return cl->ready() && !draining; }, &registry);
+    if (!g.ok()) {
+      std::fprintf(stderr, "strata-coordinator: %s\n", std::string(g.status().message()).c_str());
+      return 1;
+    }
+    gateway = std::move(*g);
+  }
   std::printf("internal %s:%d\n", internal_listen.substr(0, internal_listen.rfind(':')).c_str(), internal_port);
+  if (gateway) {
+    const std::string hl = flags.Get("http-listen");
+    std::printf("http %s:%d\n", hl.substr(0, hl.rfind(':')).c_str(), gateway->port());
+  }
+  if ((*metrics_port)->port() != 0) {
+    const std::string ml = flags.Get("metrics-listen");
+    std::printf("metrics %s:%d\n", ml.substr(0, ml.rfind(':')).c_str(), (*metrics_port)->port());
+  }
   std::printf("listening %s:%d\n", listen.substr(0, listen.rfind(':')).c_str(), port);
   std::fflush(stdout);
 
@@ -303,6 +384,8 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "strata-coordinator: stopping\n");
   h->SetAll(false);
+  if (gateway) gateway->Stop();  // its handlers abort what still runs
+  metrics_port->reset();          // its scrapes read the scheduler and the cluster
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   internal->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   generation->Drain();  // helper threads use the scheduler and the cluster

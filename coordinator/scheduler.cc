@@ -59,6 +59,7 @@ v1::StageSampling ToStage(const SamplingParams& p) {
 }
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
@@ -266,6 +267,15 @@ void Scheduler::FinishLocked(Request& r, v1::FinishReason reason, const absl::St
   }
   r.sink->Close(status);
   ++stats_.completed;
+  if (const ServingMetrics* m = options_.metrics) {
+    const v1::FinishReason counted = status.ok() ? reason
+                                     : absl::IsCancelled(status) ? v1::FINISH_REASON_ABORT
+                                                                 : v1::FINISH_REASON_ERROR;
+    m->Finished(counted)->Inc();
+    m->prompt_tokens->Inc(r.prompt_tokens);
+    m->e2e->Observe(Seconds(now - r.t_submit));
+    if (r.running) m->queue->Observe(Seconds(r.t_start - r.t_submit));
+  }
   r.complete_turn = status.ok() && (reason == v1::FINISH_REASON_STOP || reason == v1::FINISH_REASON_EOS);
   if (!r.in_flight) ReleaseLocked(r);
 }
@@ -326,6 +336,13 @@ void Scheduler::ReleaseLocked(Request& r) {
 void Scheduler::HandleTokenLocked(Request& r, const v1::SampledToken& t, std::vector<Request*>* done) {
   const absl::Time now = clock_->Now();
   const int token = t.token();
+  if (const ServingMetrics* m = options_.metrics) {
+    if (r.t_first == absl::Time()) {
+      m->ttft->Observe(Seconds(now - r.t_submit));
+    } else {
+      m->inter_token->Observe(Seconds(now - r.t_last));
+    }
+  }
   if (r.t_first == absl::Time()) r.t_first = now;
   r.t_last = now;
   r.feed_is_prompt = false;
@@ -338,6 +355,7 @@ void Scheduler::HandleTokenLocked(Request& r, const v1::SampledToken& t, std::ve
   }
   ++r.generated;
   ++stats_.generated_tokens;
+  if (options_.metrics) options_.metrics->generation_tokens->Inc();
   v1::GenerateResponse resp;
   v1::GeneratedToken* g = resp.mutable_chunk()->add_tokens();
   g->set_id(token);
@@ -516,6 +534,10 @@ std::vector<v1::StageBatch> Scheduler::FormBatchesLocked() {
       keys.push_back(r.key);
     }
     b.set_total_rows(tokens);
+    if (const ServingMetrics* m = options_.metrics) {
+      m->batch_tokens->Observe(tokens);
+      m->batch_sequences->Observe(static_cast<double>(keys.size()));
+    }
     in_flight_[b.batch_id()] = std::move(keys);
     out.push_back(std::move(b));
     --slots;

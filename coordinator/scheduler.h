@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/request.h"
+#include "coordinator/serving_metrics.h"
 #include "coordinator/sessions.h"
 #include "model/stop_matcher.h"
 #include "model/tokenizer.h"
@@ -72,6 +73,9 @@ struct SchedulerOptions {
   // Time for deadlines and the final message's timings (tests pass a fake);
   // null: Clock::Real(). REQUIRES: outlives the scheduler.
   Clock* clock = nullptr;
+  // Where requests' latencies and counts are recorded (docs/metrics.md §2);
+  // null: nowhere. REQUIRES: outlives the scheduler.
+  const ServingMetrics* metrics = nullptr;
 };
 
 // What the scheduler reports when a session's turn ends (for the KV store's

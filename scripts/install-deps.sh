@@ -7,6 +7,9 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev
+  # the HTTP front end and /metrics ports (docs/http.md, docs/metrics.md); curl
+  # for their end-to-end tests
+  libcpp-httplib-dev curl
   libgtest-dev libgmock-dev libbenchmark-dev
   # the sanitize and fuzz stages of scripts/test.sh: clang, its sanitizer and
   # libFuzzer runtimes (libclang-rt-dev), llvm-symbolizer for readable reports

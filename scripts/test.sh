@@ -12,7 +12,8 @@
 #             (halting at the first report), -Werror=thread-safety,
 #             CUDA off: builds and runs the tests of kvstore/,
 #             coordinator/, worker/ and tests/ (the end-to-end service
-#             tests; not python_client_test, which needs the CLI)
+#             tests; not python_client_test and the HTTP clients' tests,
+#             which need the CLI)
 #   fuzz      clang, libFuzzer (-DSTRATA_FUZZ=ON): every target of     build-fuzz/   3 min
 #             kvstore/fuzz replays its committed corpus, then fuzzes
 #             for FUZZ_SECONDS; a crash fails and its input is printed
@@ -102,7 +103,8 @@ stage_sanitize() {
     mapfile -t -O "${#names[@]}" names < <(ctest --test-dir "$ASAN_DIR/$d" -N | sed -n 's/^ *Test *#[0-9]*: //p')
   done
   local regex
-  regex="^($(printf '%s\n' "${names[@]}" | grep -vx python_client_test | paste -sd '|'))\$"
+  regex="^($(printf '%s\n' "${names[@]}" | grep -vxE 'python_client_test|http_(urllib|curl|openai)_test' \
+    | paste -sd '|'))\$"
   run_ctest --test-dir "$ASAN_DIR" -j "$JOBS" -R "$regex"
 }
 

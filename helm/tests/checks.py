@@ -6,6 +6,7 @@ app_version the chart's appVersion: every expectation is derived from them, neve
 render itself.
 """
 
+import json
 import re
 
 from harness import RELEASE, NAMESPACE
@@ -25,7 +26,8 @@ FLAGS = {
     "coordinator": COMMON_FLAGS | {"model", "listen", "internal-listen", "tls-cert", "tls-key", "insecure-public",
                                    "api-tokens", "allow-unauthenticated", "max-concurrent-per-token",
                                    "max-rps-per-token", "workers", "kvstore", "max-running", "max-queued",
-                                   "kv-dtype", "down-after-ms", "placement"},
+                                   "kv-dtype", "down-after-ms", "placement", "http-listen", "http-threads",
+                                   "served-model-name", "metrics-listen"},
     "worker": COMMON_FLAGS | {"coordinator", "listen", "advertise", "name", "model-root", "device", "gpu",
                               "gpu-kv-bytes", "threads"},
     "kvstore": COMMON_FLAGS | {"dir", "listen", "commit-threads"},
@@ -98,6 +100,7 @@ class Checker:
             if self.expect(kv, f"StatefulSet {KVSTORE} missing"):
                 self.kvstore(kv)
         self.services()
+        self.monitoring()
         self.pdb()
         self.secrets()
         self.certificates()
@@ -115,6 +118,12 @@ class Checker:
             want.add(("PodDisruptionBudget", COORD))
         if self.auth() and v["auth"]["tokens"]:
             want.add(("Secret", f"{FULL}-api-tokens"))
+        if v["metrics"]["enabled"]:
+            want.add(("Service", f"{COORD}-metrics"))
+            if v["metrics"]["serviceMonitor"]["enabled"]:
+                want.add(("ServiceMonitor", COORD))
+        if v["metrics"]["dashboard"]["enabled"]:
+            want.add(("ConfigMap", f"{FULL}-dashboard"))
         have = [(d["kind"], d["metadata"]["name"]) for d in self.docs]
         self.expect(len(have) == len(set(have)), f"objects rendered twice: {sorted(have)}")
         extra = {k for k in have if k[0] not in ("Certificate", "Issuer")} - want
@@ -326,7 +335,57 @@ class Checker:
         else:
             self.expect("allow-unauthenticated" in flags, f"{where}: no tokens without --allow-unauthenticated")
             self.expect("api-tokens" not in flags, f"{where}: --api-tokens with auth off")
+        http = v["http"]
+        if http["enabled"]:
+            self.expect(flags.get("http-listen") == f'0.0.0.0:{v["ports"]["http"]}', f"{where}: --http-listen")
+            self.expect(flags.get("http-threads") == str(http["threads"]), f"{where}: --http-threads")
+            self.expect(flags.get("served-model-name") == (http["servedModelName"] or None), f"{where}: --served-model-name")
+            self.expect(v["ports"]["http"] in ports, f"{where}: no http container port")
+        else:
+            self.expect(not {"http-listen", "http-threads", "served-model-name"} & set(flags), f"{where}: --http-* with http off")
+        if v["metrics"]["enabled"]:
+            self.expect(flags.get("metrics-listen") == f'0.0.0.0:{v["ports"]["metrics"]}', f"{where}: --metrics-listen")
+            self.expect(v["ports"]["metrics"] in ports, f"{where}: no metrics container port")
+        else:
+            self.expect("metrics-listen" not in flags, f"{where}: --metrics-listen with metrics off")
         self.resources(where, c, cv["resources"])
+
+    def monitoring(self):
+        """The metrics Service, the ServiceMonitor that scrapes it and the dashboard ConfigMap."""
+        v = self.v
+        svc = self.find("Service", f"{COORD}-metrics")
+        if svc:
+            ports = svc["spec"]["ports"]
+            self.expect(ports == [{"name": "metrics", "port": v["ports"]["metrics"], "targetPort": "metrics",
+                                   "protocol": "TCP"}], f"metrics Service ports {ports}")
+            self.expect(svc["spec"]["type"] == "ClusterIP", "the metrics Service must stay inside the cluster")
+            pods = self.pods_of(svc["spec"].get("selector"))
+            self.expect([p[1] for p in pods] == [COORD], f"metrics Service selects {[p[1] for p in pods]}")
+        sm = self.find("ServiceMonitor", COORD)
+        if sm:
+            sel = sm["spec"]["selector"]["matchLabels"]
+            self.expect(svc is not None and all(svc["metadata"]["labels"].get(k) == x for k, x in sel.items()),
+                        "the ServiceMonitor does not select the metrics Service")
+            pub = self.find("Service", COORD)
+            self.expect(pub is None or not all(pub["metadata"]["labels"].get(k) == x for k, x in sel.items()),
+                        "the ServiceMonitor also selects the public Service")
+            ep = sm["spec"]["endpoints"]
+            self.expect(len(ep) == 1 and ep[0]["port"] == "metrics" and ep[0]["path"] == "/metrics"
+                        and ep[0]["interval"] == v["metrics"]["serviceMonitor"]["interval"], f"ServiceMonitor endpoints {ep}")
+            for k, x in v["metrics"]["serviceMonitor"]["labels"].items():
+                self.expect(sm["metadata"]["labels"].get(k) == x, f"ServiceMonitor label {k}")
+        cm = self.find("ConfigMap", f"{FULL}-dashboard")
+        if cm:
+            try:
+                dash = json.loads(cm["data"]["strata.json"])
+                exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+                for name in ("strata_requests_total", "strata_time_to_first_token_seconds",
+                             "strata_inter_token_latency_seconds", "strata_stage_kv_pages_used"):
+                    self.expect(name in exprs, f"the dashboard does not plot {name}")
+            except (KeyError, ValueError) as e:
+                self.expect(False, f"the dashboard ConfigMap does not hold the dashboard JSON: {e}")
+            for k, x in v["metrics"]["dashboard"]["labels"].items():
+                self.expect(cm["metadata"]["labels"].get(k) == x, f"dashboard label {k}")
 
     def worker_workload(self):
         """Returns (where, pod template, pods) of the workers' StatefulSet or LeaderWorkerSet."""
@@ -477,7 +536,16 @@ class Checker:
                 continue
             cports = {p["name"]: p["containerPort"] for p in pods[0][2]["spec"]["containers"][0]["ports"]}
             sp = spec.get("ports") or []
+            extra = []
+            if name == COORD and v["http"]["enabled"]:
+                extra = [p for p in sp if p.get("name") == "http"]
+                self.expect(len(extra) == 1 and extra[0]["port"] == v["coordinator"]["service"]["httpPort"]
+                            and cports.get(extra[0].get("targetPort")) == v["ports"]["http"],
+                            f"{where}: the HTTP API's port {extra}")
+                sp = [p for p in sp if p.get("name") != "http"]
             self.expect(len(sp) == 1 and sp[0]["port"] == port, f"{where}: ports {sp}")
+            for p in extra:
+                self.expect(cports.get(p.get("targetPort")) != health, f"{where}: exposes the health port")
             for p in sp:
                 t = p.get("targetPort", p["port"])
                 resolved = cports.get(t) if isinstance(t, str) else t

@@ -14,7 +14,7 @@ WHOLE = {"imagePullSecrets", "tls.certManager.issuerRef", "tls.certManager.publi
          "auth.tokens", "probes.startup", "probes.readiness", "probes.liveness", "podSecurityContext",
          "containerSecurityContext", "serviceAccount.annotations", "commonLabels", "workers.nccl",
          "coordinator.service.annotations", "coordinator.service.loadBalancerSourceRanges",
-         "kvstore.storage.accessModes"}
+         "kvstore.storage.accessModes", "metrics.serviceMonitor.labels", "metrics.dashboard.labels"}
 WHOLE_IN_EACH = {"resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels", "extraArgs"}
 
 

@@ -202,6 +202,16 @@ MATRIX = [(f"workers={n},tls={'on' if t else 'off'},lws={'on' if l else 'off'}",
 
 # Values beyond the matrix: every switch and passthrough the chart has.
 EXTRA_CASES = [
+    ("metrics: a ServiceMonitor and the Grafana dashboard, no HTTP API", {
+        "http": {"enabled": False},
+        "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+                    "dashboard": {"enabled": True}},
+    }),
+    ("no metrics port, HTTP API with a served model name", {
+        "metrics": {"enabled": False},
+        "http": {"threads": 256, "servedModelName": "deepseek-v3"},
+        "coordinator": {"service": {"httpPort": 443}},
+    }),
     ("cert-manager, self-signed CA, inline tokens, 8 GPUs of 64 GiB KV", {
         "workers": {"count": 8, "gpuKvBytes": 68719476736, "leaderWorkerSet": {"enabled": True, "size": 4,
                                                                                "exclusiveTopology": "nvidia.com/gpu.clique"}},

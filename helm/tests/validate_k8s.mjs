@@ -21,6 +21,7 @@ import { validate as secret } from "kubernetes-models/_schemas/IoK8sApiCoreV1Sec
 import { validate as pdb } from "kubernetes-models/_schemas/IoK8sApiPolicyV1PodDisruptionBudget";
 import { validate as podTemplateSpec } from "kubernetes-models/_schemas/IoK8sApiCoreV1PodTemplateSpec";
 import { validate as pvc } from "kubernetes-models/_schemas/IoK8sApiCoreV1PersistentVolumeClaim";
+import { validate as configMap } from "kubernetes-models/_schemas/IoK8sApiCoreV1ConfigMap";
 import { validate as objectMeta } from "@kubernetes-models/apimachinery/_schemas/IoK8sApimachineryPkgApisMetaV1ObjectMeta";
 // The cert-manager package does not export its schemas; they are imported by file (the version is pinned).
 import { validate as certificate } from "./node_modules/@kubernetes-models/cert-manager/_schemas/ComGithubCertManagerCertManagerPkgApisCertmanagerV1Certificate.js";
@@ -87,7 +88,37 @@ function leaderWorkerSet(doc) {
   return out;
 }
 
+// monitoring.coreos.com/v1 ServiceMonitor (the Prometheus Operator's): the fields the chart sets.
+function serviceMonitor(doc) {
+  const out = [];
+  const only = (o, keys, where) => {
+    if (o === null || typeof o !== "object" || Array.isArray(o)) { out.push(`${where}: not an object`); return false; }
+    for (const k of Object.keys(o)) if (!keys.includes(k)) out.push(`${where}/${k}: unknown field`);
+    return true;
+  };
+  only(doc, ["apiVersion", "kind", "metadata", "spec"], "");
+  out.push(...strict(objectMeta, doc.metadata, "/metadata"));
+  const s = doc.spec;
+  if (!only(s, ["selector", "endpoints", "namespaceSelector", "jobLabel"], "/spec")) return out;
+  if (only(s.selector, ["matchLabels", "matchExpressions"], "/spec/selector")) {
+    for (const [k, v] of Object.entries(s.selector.matchLabels ?? {})) {
+      if (typeof v !== "string") out.push(`/spec/selector/matchLabels/${k}: not a string`);
+    }
+  }
+  if (!Array.isArray(s.endpoints) || s.endpoints.length === 0) out.push("/spec/endpoints: required, a list");
+  (s.endpoints ?? []).forEach((e, i) => {
+    const w = `/spec/endpoints/${i}`;
+    if (!only(e, ["port", "path", "scheme", "interval", "scrapeTimeout", "bearerTokenSecret", "tlsConfig"], w)) return;
+    if (typeof e.port !== "string") out.push(`${w}/port: a port name is required`);
+    if (e.scheme !== undefined && !["http", "https"].includes(e.scheme)) out.push(`${w}/scheme: ${e.scheme}`);
+    if (e.interval !== undefined && !/^[0-9]+(ms|s|m|h)$/.test(e.interval)) out.push(`${w}/interval: ${e.interval}`);
+  });
+  return out;
+}
+
 const KINDS = {
+  "v1/ConfigMap": (d) => strict(configMap, d, ""),
+  "monitoring.coreos.com/v1/ServiceMonitor": serviceMonitor,
   "apps/v1/Deployment": (d) => strict(deployment, d, ""),
   "apps/v1/StatefulSet": (d) => strict(statefulSet, d, ""),
   "v1/Service": (d) => strict(service, d, ""),
