@@ -11,8 +11,7 @@
 //   strata_gpu_e2e_bench [--dsa] [--fp8-weights] [--split-bf16-rows=N] [--no-small-gemv] [--profile-step]
 //     --dsa: DeepSeek-V3.2 with the indexer, top-2048 sparse attention;
 //     --fp8-weights: GpuEngineOptions::fp8_weights (every projection, the dense
-//     and the shared-expert MLP in fp8 with 128x128 block scales; kv_b and the
-//     routed experts stay bf16);
+//     MLP and the experts in fp8 with 128x128 block scales; kv_b stays bf16);
 //     --split-bf16-rows: GpuEngineOptions::split_bf16_max_rows (0: every
 //     GEMM input rounded to bf16); --no-small-gemv: steps of <= 4 rows use
 //     cuBLASLt too (GpuEngineOptions::small_step_gemv); --profile-step: only
@@ -83,7 +82,7 @@ int main(int argc, char** argv) {
   const double bw = strata::bench::CopyBandwidth();
   std::printf("model: %s dims, %d layers (layer 0 dense MLP, then MoE), %s weights, fp8 KV\n",
               dsa ? "DeepSeek-V3.2 (DSA top-2048)" : "DeepSeek-V3", c.num_layers,
-              fp8 ? "fp8 block-scaled (kv_b and routed experts bf16)" : "bf16");
+              fp8 ? "fp8 block-scaled (kv_b bf16)" : "bf16");
   std::printf("measured copy bandwidth: %.2f TB/s\n", bw / 1e12);
   strata::GpuEngineOptions opt;
   opt.kv_cache_bytes = int64_t{14} << 30;
@@ -112,8 +111,7 @@ int main(int argc, char** argv) {
   const double indexer = dsa ? wb * (c.q_lora_rank * c.index_n_heads * c.index_head_dim + H * c.index_head_dim +
                                      H * c.index_n_heads)
                              : 0;
-  const double expert = 2 * 3 * H * c.moe_intermediate_size;
-  const double shared_expert = wb * 3 * H * c.moe_intermediate_size;
+  const double expert = wb * 3 * H * c.moe_intermediate_size;
   const double dense_mlp = wb * 3 * H * c.intermediate_size;
   const double router = 4 * H * c.n_routed_experts;
   const double row_bytes = 512 + 64 + 8;  // one token's fp8 row and scales
@@ -166,7 +164,7 @@ int main(int argc, char** argv) {
         const bool moe = c.layers[l].moe;
         const int64_t kv_rows = dsa ? std::min<int64_t>(ctx, c.index_topk) : ctx;
         double bytes = attn + indexer + batch * kv_rows * row_bytes + (dsa ? batch * ctx * key_bytes : 0);
-        bytes += moe ? router + expert * experts[l] + shared_expert * c.n_shared_experts : dense_mlp;
+        bytes += moe ? router + expert * (experts[l] + c.n_shared_experts) : dense_mlp;
         const double floor_us = bytes / bw * 1e6;
         std::printf("%-6d %-8lld %-6d %-10s %10.1f %11.1fM %10.1f %7.2fx %9d\n", batch,
                     static_cast<long long>(ctx), l, moe ? "moe" : "dense", us, bytes / 1e6, floor_us,

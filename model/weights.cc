@@ -69,7 +69,7 @@ class Loader {
       return absl::OkStatus();
     }
     for (int e = 0; e < n; ++e) {
-      RETURN_IF_ERROR(Mlp(absl::StrCat(prefix, ".", e), hidden, inter, &(*experts)[e]));
+      RETURN_IF_ERROR(Mlp(absl::StrCat(prefix, ".", e), hidden, inter, &(*experts)[e], true));
     }
     return absl::OkStatus();
   }

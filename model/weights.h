@@ -80,10 +80,11 @@ struct ModelWeights {
 
 struct LoadOptions {
   // Keep fp8 block-scaled weights as stored (LinearWeights::fp8_codes) for
-  // the Linear layers a GPU engine runs as fp8 GEMMs: every projection and
-  // the dense and shared-expert MLPs, not kv_b (the per-head absorption
-  // reads it as a matrix), the router or the routed experts. Only for
-  // callers that handle that form (the GPU engine; the CPU engine needs f32).
+  // the Linear layers a GPU engine runs as fp8: every projection, the dense
+  // and shared-expert MLPs and the routed experts stored per expert; not
+  // kv_b (the per-head absorption reads it as a matrix), the router, or
+  // experts stored fused. Only for callers that handle that form (the GPU
+  // engine; the CPU engine needs f32).
   bool keep_fp8 = false;
 };
 

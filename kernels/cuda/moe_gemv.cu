@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "kernels/cuda/device_util.cuh"
 
@@ -74,6 +75,18 @@ __device__ __forceinline__ void LoadX8(const float* x, float (&v)[8]) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+// Eight fp8 weights: Decode(code) * scale in f32 (NaN codes read as 0).
+__device__ __forceinline__ void Load8Fp8(const uint8_t* w, float scale, float (&v)[8]) {
+  const uint2 codes = *reinterpret_cast<const uint2*>(w);
+  const uint32_t words[2] = {dev::ClearNanCodes(codes.x), dev::ClearNanCodes(codes.y)};
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const float2 lo = dev::E4m3x2ToFloat2(words[q]), hi = dev::E4m3x2ToFloat2(words[q] >> 16);
+    v[4 * q] = __fmul_rn(lo.x, scale), v[4 * q + 1] = __fmul_rn(lo.y, scale);
+    v[4 * q + 2] = __fmul_rn(hi.x, scale), v[4 * q + 3] = __fmul_rn(hi.y, scale);
+  }
+}
+
 // One block per (32 outputs, expert). kGateUp: output j of the inter values
 // from weight rows j (gate) and inter + j (up) against the entry's token row
 // of x, act = silu(gate) * up. Otherwise: output r of y from row r of down
@@ -91,6 +104,9 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(MoeGemvParams p, int m
   const int K = kGateUp ? p.hidden : p.inter;
   const int N = kGateUp ? p.inter : p.hidden;
   const W* wmat = static_cast<const W*>(kGateUp ? p.gate_up[e] : p.down[e]);
+  constexpr bool kFp8 = std::is_same_v<W, uint8_t>;
+  const float* wscale = kFp8 ? (kGateUp ? p.gate_up_scale[e] : p.down_scale[e]) : nullptr;
+  const int ld_scale = (K + 127) / 128;
   const int lane = threadIdx.x & 31;
   const int o0 = blockIdx.x * kOutPerBlock + (threadIdx.x >> 5) * kOutPerWarp;
   if (o0 >= N) return;
@@ -114,7 +130,12 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(MoeGemvParams p, int m
 #pragma unroll
         for (int t = 0; t < kRows; ++t) {
           float wv[8];
-          dev::Load8(wmat + (static_cast<int64_t>(t) * N + out) * K + c, wv);
+          const int64_t row = static_cast<int64_t>(t) * N + out;
+          if constexpr (kFp8) {
+            Load8Fp8(wmat + row * K + c, wscale[(row / 128) * ld_scale + c / 128], wv);
+          } else {
+            dev::Load8(wmat + row * K + c, wv);
+          }
 #pragma unroll
           for (int q = 0; q < kGroup; ++q) {
 #pragma unroll
@@ -307,8 +328,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) MoeMmaKernel(MoeGemvParams p, 
 
 cudaError_t LaunchMoeGemm(const MoeGemvParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.k <= 0) return cudaSuccess;
-  if (p.type != GemmType::kBF16 || p.hidden % 256 != 0 || p.inter % 256 != 0 || p.rows * p.k > kMoeGemvMaxEntries ||
-      p.experts <= 0 || p.experts > 1024) {
+  if (p.type != GemmType::kBF16 || p.fp8 || p.hidden % 256 != 0 || p.inter % 256 != 0 ||
+      p.rows * p.k > kMoeGemvMaxEntries || p.experts <= 0 || p.experts > 1024) {
     return cudaErrorInvalidValue;
   }
   MoeListKernel<<<1, kListThreads, 0, stream>>>(p);
@@ -343,6 +364,11 @@ cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   constexpr int kAll = 1 << 30;
+  if (p.fp8) {
+    if (p.gate_up_scale == nullptr || p.down_scale == nullptr) return cudaErrorInvalidValue;
+    err = LaunchGemv<true, uint8_t>(p, kAll, stream);
+    return err != cudaSuccess ? err : LaunchGemv<false, uint8_t>(p, kAll, stream);
+  }
   if (p.type == GemmType::kBF16) {
     err = LaunchGemv<true, __nv_bfloat16>(p, kAll, stream);
     return err != cudaSuccess ? err : LaunchGemv<false, __nv_bfloat16>(p, kAll, stream);

@@ -24,7 +24,13 @@
 namespace strata::cuda {
 
 struct MoeGemvParams {
-  GemmType type = GemmType::kBF16;   // of the expert weights
+  GemmType type = GemmType::kBF16;   // of the expert weights (unless fp8)
+  // fp8 weights: the matrices hold e4m3 codes with one f32 scale per 128×128
+  // block, [ceil(rows/128)][ceil(cols/128)] per matrix; a weight is
+  // Decode(code) * scale in f32 (the CPU loader's value). LaunchMoeGemv only.
+  bool fp8 = false;
+  const float* const* gate_up_scale = nullptr;  // [experts] device pointers
+  const float* const* down_scale = nullptr;     // [experts] device pointers
   const void* const* gate_up = nullptr;  // [experts] device pointers: [2 * inter][hidden], gate rows first
   const void* const* down = nullptr;     // [experts] device pointers: [hidden][inter]
   int experts = 0, hidden = 0, inter = 0;  // hidden and inter multiples of 8
@@ -63,7 +69,7 @@ cudaError_t LaunchMoeGemv(const MoeGemvParams& p, cudaStream_t stream);
 // which read their weights once too and run closer to the bandwidth. An
 // entry's bits depend on its own values and on which of the two kernels its
 // expert got (more than four entries in the step or not), nothing else.
-// bf16 weights only.
+// bf16 weights only (fp8: cudaErrorInvalidValue).
 // REQUIRES: hidden % 256 == 0, inter % 256 == 0, rows * k <=
 // kMoeGemvMaxEntries, experts <= 1024 (else cudaErrorInvalidValue).
 cudaError_t LaunchMoeGemm(const MoeGemvParams& p, cudaStream_t stream);

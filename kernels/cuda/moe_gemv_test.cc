@@ -12,6 +12,7 @@
 #include "common/testing/test_seed.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
+#include "kernels/fp8.h"
 
 namespace strata::cuda {
 namespace {
@@ -22,6 +23,11 @@ struct Problem {
   int experts = 12, hidden = 72, inter = 40, rows = 0, k = 0;
   bool bf16 = true;
   std::vector<std::vector<float>> gate_up, down;  // per expert, the values as stored (bf16-rounded when bf16)
+  // fp8: per expert the codes and 128×128 block scales of gate_up and down;
+  // gate_up and down then hold Decode(code) * scale (f32).
+  bool fp8 = false;
+  std::vector<std::vector<uint8_t>> gate_up_codes, down_codes;
+  std::vector<std::vector<float>> gate_up_scales, down_scales;
   std::vector<float> x;
   std::vector<int> ids;
 };
@@ -53,6 +59,35 @@ Problem MakeProblem(uint64_t seed, bool bf16, int rows, int k, int hidden = 72, 
     for (int j = 0; j < k; ++j) p.ids[r * k + j] = j == 0 ? 3 : 3 + static_cast<int>(rng.Below(p.experts - 3));
   }
   return p;
+}
+
+// The same experts with fp8 weights: random codes (NaN codes included: they
+// read as 0) and block scales over several binades, for [rows][cols]
+// matrices whose blocks are partial (72 and 40 columns, 80 and 72 rows).
+void MakeFp8(uint64_t seed, Problem& p) {
+  testing::Rng rng(seed ^ 0xF8F8F8F8ull);
+  p.fp8 = true;
+  p.bf16 = false;
+  auto make = [&](int rows, int cols, std::vector<uint8_t>& codes, std::vector<float>& scales, std::vector<float>& v) {
+    const int bk = (cols + 127) / 128;
+    codes.resize(static_cast<size_t>(rows) * cols);
+    for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Next());
+    scales.resize(static_cast<size_t>((rows + 127) / 128) * bk);
+    for (float& s : scales) s = std::ldexp(1.0f + static_cast<float>(rng.Uniform()), -9 - static_cast<int>(rng.Below(4)));
+    v.resize(codes.size());
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const size_t r = i / cols, c = i % cols;
+      v[i] = fp8::Decode(codes[i]) * scales[(r / 128) * bk + c / 128];
+    }
+  };
+  p.gate_up_codes.resize(p.experts);
+  p.down_codes.resize(p.experts);
+  p.gate_up_scales.resize(p.experts);
+  p.down_scales.resize(p.experts);
+  for (int e = 0; e < p.experts; ++e) {
+    make(2 * p.inter, p.hidden, p.gate_up_codes[e], p.gate_up_scales[e], p.gate_up[e]);
+    make(p.hidden, p.inter, p.down_codes[e], p.down_scales[e], p.down[e]);
+  }
 }
 
 // y[entry][hidden] in float64; entries with an invalid id are zero. With
@@ -101,10 +136,21 @@ std::vector<double> Reference(const Problem& p, bool hybrid = false, const std::
 // Runs the kernels (LaunchMoeGemv, or LaunchMoeGemm); returns y (and act).
 std::vector<float> RunKernel(const Problem& p, bool tensor_cores = false, std::vector<float>* act_out = nullptr) {
   std::vector<DeviceBuffer> weights;
-  std::vector<const void*> ptrs(2 * p.experts);
+  std::vector<const void*> ptrs(4 * p.experts);  // gate_up, down, and with fp8 their scales
   for (int t = 0; t < 2; ++t) {
     for (int e = 0; e < p.experts; ++e) {
       const std::vector<float>& m = t == 0 ? p.gate_up[e] : p.down[e];
+      if (p.fp8) {
+        const std::vector<uint8_t>& codes = t == 0 ? p.gate_up_codes[e] : p.down_codes[e];
+        const std::vector<float>& scales = t == 0 ? p.gate_up_scales[e] : p.down_scales[e];
+        weights.emplace_back(codes.size());
+        weights.back().Upload(codes.data(), codes.size());
+        ptrs[t * p.experts + e] = weights.back().as<void>();
+        weights.emplace_back(scales.size() * 4);
+        weights.back().Upload(scales.data(), scales.size() * 4);
+        ptrs[(2 + t) * p.experts + e] = weights.back().as<void>();
+        continue;
+      }
       if (p.bf16) {
         std::vector<uint16_t> b(m.size());
         for (size_t i = 0; i < m.size(); ++i) b[i] = testing::ToBf16Bits(m[i]);
@@ -129,6 +175,11 @@ std::vector<float> RunKernel(const Problem& p, bool tensor_cores = false, std::v
   mp.type = p.bf16 ? GemmType::kBF16 : GemmType::kF32;
   mp.gate_up = table.as<const void*>();
   mp.down = table.as<const void*>() + p.experts;
+  mp.fp8 = p.fp8;
+  if (p.fp8) {
+    mp.gate_up_scale = reinterpret_cast<const float* const*>(table.as<const void*>() + 2 * p.experts);
+    mp.down_scale = reinterpret_cast<const float* const*>(table.as<const void*>() + 3 * p.experts);
+  }
   mp.experts = p.experts;
   mp.hidden = p.hidden;
   mp.inter = p.inter;
@@ -189,6 +240,34 @@ TEST_F(MoeGemvTest, MatchesFloat64ReferenceForBf16AndF32Weights) {
       }
     }
   }
+}
+
+// fp8 weights with block scales: the kernels decode each weight to the f32
+// value the CPU loader gives (Decode(code) * scale), so the bound is the f32
+// one above; the tensor-core kernel refuses them.
+TEST_F(MoeGemvTest, Fp8WeightsMatchFloat64Reference) {
+  for (int rows : {1, 9}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed_ << " rows " << rows);
+    Problem p = MakeProblem(seed_ + rows, false, rows, 4);
+    MakeFp8(seed_ + rows, p);
+    const std::vector<double> ref = Reference(p);
+    const std::vector<float> got = RunKernel(p);
+    double max_abs = 0, max_err = 0;
+    int nonfinite = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      max_abs = std::max(max_abs, std::fabs(ref[i]));
+      max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
+      nonfinite += std::isfinite(got[i]) ? 0 : 1;
+    }
+    std::printf("  fp8 rows %d: max |y - ref| / max |ref| = %.2e\n", rows, max_err / max_abs);
+    EXPECT_EQ(nonfinite, 0);
+    EXPECT_LE(max_err, 1e-4 * max_abs);
+  }
+  Problem p = MakeProblem(seed_, false, 2, 4, 256, 256);
+  MoeGemvParams mp;
+  mp.fp8 = true;
+  mp.hidden = 256, mp.inter = 256, mp.experts = p.experts, mp.rows = 2, mp.k = 4;
+  EXPECT_EQ(LaunchMoeGemm(mp, nullptr), cudaErrorInvalidValue);
 }
 
 TEST_F(MoeGemvTest, AnEntrysBitsDoNotDependOnTheBatch) {

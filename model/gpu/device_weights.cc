@@ -184,23 +184,33 @@ class Builder {
     return Tensor(src, n, false, 1.0f, 0.1f, what);
   }
 
+  // gate and up stacked into one Linear; fp8 only when their rows fill whole
+  // 128-row blocks (the stacked blocks are then gate's, then up's), and down
+  // in the same form as gate_up (the MoE kernels take one form per layer).
   absl::StatusOr<DMlp> Mlp(const MlpWeights* src, int hidden, int inter, cuda::GemmType t, bool may_fp8 = false) {
     DMlp m;
-    LinearWeights stacked;
-    if (src != nullptr && src->gate.is_fp8() && src->up.is_fp8() && inter % 128 == 0) {
-      // Whole 128-row blocks: the stacked codes' blocks are gate's, then up's.
+    LinearWeights stacked, down;
+    const bool stack_fp8 = inter % 128 == 0 && hidden % 16 == 0;
+    if (src != nullptr && src->gate.is_fp8() && src->up.is_fp8() && stack_fp8) {
       stacked = src->gate;
       stacked.out = 2 * inter;
       stacked.fp8_codes.insert(stacked.fp8_codes.end(), src->up.fp8_codes.begin(), src->up.fp8_codes.end());
       stacked.fp8_scales.insert(stacked.fp8_scales.end(), src->up.fp8_scales.begin(), src->up.fp8_scales.end());
+      down = src->down;
     } else if (src != nullptr) {
       stacked.w = src->gate.is_fp8() ? Dequantise(src->gate) : src->gate.w;
       const std::vector<float> up = src->up.is_fp8() ? Dequantise(src->up) : src->up.w;
       stacked.w.insert(stacked.w.end(), up.begin(), up.end());
+      down = src->down;
+      if (down.is_fp8()) {
+        down.w = Dequantise(down);
+        down.fp8_codes.clear();
+      }
     }
     ASSIGN_OR_RETURN(m.gate_up, Linear(src ? &stacked : nullptr, 2 * inter, hidden, false, t, "mlp.gate_up_proj",
-                                       may_fp8 && inter % 128 == 0));
-    ASSIGN_OR_RETURN(m.down, Linear(src ? &src->down : nullptr, hidden, inter, false, t, "mlp.down_proj", may_fp8));
+                                       may_fp8 && stack_fp8));
+    ASSIGN_OR_RETURN(m.down, Linear(src ? &down : nullptr, hidden, inter, false, t, "mlp.down_proj",
+                                    may_fp8 && stack_fp8 && inter % 16 == 0));
     return m;
   }
 
@@ -271,7 +281,7 @@ absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, i
       ASSIGN_OR_RETURN(d.router_bias, b.Tensor(w ? &w->router_bias : nullptr, E, false, 0.0f, 0.01f,
                                                "e_score_correction_bias"));
       for (int e = 0; e < E; ++e) {
-        ASSIGN_OR_RETURN(DMlp x, b.Mlp(w ? &w->experts[e] : nullptr, H, c.moe_intermediate_size, t));
+        ASSIGN_OR_RETURN(DMlp x, b.Mlp(w ? &w->experts[e] : nullptr, H, c.moe_intermediate_size, t, true));
         d.experts.push_back(std::move(x));
       }
       if (c.n_shared_experts > 0) {

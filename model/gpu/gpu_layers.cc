@@ -356,8 +356,12 @@ GpuEngine::Impl::MoePath GpuEngine::Impl::DeviceMoePath(int l, int rows) {
   if (d.experts.empty() || entries > cuda::kMoeGemvMaxEntries || d.experts.size() > 1024) return MoePath::kHost;
   const int inter = d.experts[0].gate_up.out / 2;
   if (c.hidden_size % 8 != 0 || inter % 8 != 0) return MoePath::kHost;
-  // The batch-invariant mode keeps one kernel for every step size.
-  const MoePath path = rows <= kMoeGemvMaxRows || opt.batch_invariant_gemm ? MoePath::kGemv : MoePath::kGemm;
+  // The batch-invariant mode keeps one kernel for every step size; fp8
+  // experts run the matrix-vector kernels at every size (the tensor-core
+  // kernel reads bf16).
+  const bool fp8 = d.experts[0].gate_up.fp8;
+  const MoePath path =
+      rows <= kMoeGemvMaxRows || opt.batch_invariant_gemm || fp8 ? MoePath::kGemv : MoePath::kGemm;
   if (path == MoePath::kGemm &&
       (d.experts[0].gate_up.type != cuda::GemmType::kBF16 || c.hidden_size % 256 != 0 || inter % 256 != 0)) {
     return MoePath::kHost;
@@ -365,15 +369,19 @@ GpuEngine::Impl::MoePath GpuEngine::Impl::DeviceMoePath(int l, int rows) {
   if (expert_tables.size() != w->layers.size()) expert_tables.resize(w->layers.size());
   if (expert_tables[l].bytes() != 0) return path;
   const size_t E = d.experts.size();
-  std::vector<const void*> ptrs(2 * E);
+  // The table: gate_up pointers, down pointers, then (fp8) their scales.
+  std::vector<const void*> ptrs(4 * E);
   for (size_t e = 0; e < E; ++e) {
     const gpu::DMlp& m = d.experts[e];
     if (m.gate_up.bias() != nullptr || m.down.bias() != nullptr || m.gate_up.out != 2 * inter ||
-        m.down.in != inter || m.gate_up.type != d.experts[0].gate_up.type || m.down.type != m.gate_up.type) {
+        m.down.in != inter || m.gate_up.type != d.experts[0].gate_up.type || m.down.type != m.gate_up.type ||
+        m.gate_up.fp8 != fp8 || m.down.fp8 != fp8) {
       return MoePath::kHost;
     }
     ptrs[e] = m.gate_up.w.get();
     ptrs[E + e] = m.down.w.get();
+    ptrs[2 * E + e] = m.gate_up.scale.get();
+    ptrs[3 * E + e] = m.down.scale.get();
   }
   auto table = gpu::DeviceBuffer::Alloc(ptrs.size() * sizeof(void*));
   if (!table.ok() || cudaMemcpy(table->get(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice) !=
@@ -425,6 +433,9 @@ absl::Status GpuEngine::Impl::Mlp(const GpuStep& st, int g, int l, const float* 
     mp.type = d.experts[0].gate_up.type;
     mp.gate_up = tables;
     mp.down = tables + E;
+    mp.fp8 = d.experts[0].gate_up.fp8;
+    mp.gate_up_scale = reinterpret_cast<const float* const*>(tables + 2 * E);
+    mp.down_scale = reinterpret_cast<const float* const*>(tables + 3 * E);
     mp.experts = E;
     mp.hidden = H;
     mp.inter = inter;
