@@ -147,6 +147,14 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   o.f32_gemm = options.f32_gemm;
   if (options.round_gemm_inputs) o.split_bf16_max_rows = 0;
   o.fp8_weights = options.fp8_weights;
+  // One line per part resident on the device: bytes, rate, time left.
+  o.on_load_progress = [layer_begin, layer_end](const LoadProgress& p) {
+    const double gb = p.host_bytes / 1e9, rate = p.seconds > 0 ? gb / p.seconds : 0;
+    const double left = p.parts_done > 0 ? p.seconds * (p.parts - p.parts_done) / p.parts_done : 0;
+    std::fprintf(stderr, "GPU stage, layers [%d, %d): loaded %d/%d parts, %.2f GB read, %.2f GB on the GPU, "
+                 "%.2f GB/s, %.0f s left\n",
+                 layer_begin, layer_end, p.parts_done, p.parts, gb, p.device_bytes / 1e9, rate, left);
+  };
   std::unique_ptr<GpuEngine> engine;
   if (options.synthetic_seed.has_value()) {
     ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));

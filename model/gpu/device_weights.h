@@ -8,12 +8,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/layer_ops.h"
 #include "model/config.h"
+#include "model/weight_stream.h"
 #include "model/weights.h"
 
 namespace strata::gpu {
@@ -100,6 +102,16 @@ absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, i
                                                          bool with_embedding, bool with_head,
                                                          cuda::GemmType type, const ModelWeights* host,
                                                          uint64_t seed, bool synthetic_fp8 = false);
+
+// The same from a stream of the checkpoint's parts: each part is uploaded
+// (through pinned buffers, copies overlapping the host's) while the stream's
+// readers read the next ones, and freed once resident; `progress` (may be
+// empty) is called after each part. Errors of the stream (a missing tensor,
+// a shape that disagrees with the config) come back as they are.
+absl::StatusOr<std::unique_ptr<DModel>> BuildDeviceModel(const ModelConfig& c, int layer_begin, int layer_end,
+                                                         bool with_embedding, bool with_head, cuda::GemmType type,
+                                                         WeightStream& stream,
+                                                         const std::function<void(const LoadProgress&)>& progress);
 
 }  // namespace strata::gpu
 

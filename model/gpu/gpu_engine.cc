@@ -31,8 +31,9 @@ absl::Status CheckShapes(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Weights from `stream` when given, else generated from `seed`.
 absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& config, const GpuEngineOptions& options,
-                                                         const ModelWeights* host, uint64_t seed) {
+                                                         WeightStream* stream, uint64_t seed) {
   auto im = std::make_unique<GpuEngine::Impl>();
   im->c = config;
   im->opt = options;
@@ -54,9 +55,15 @@ absl::StatusOr<std::unique_ptr<GpuEngine::Impl>> NewImpl(const ModelConfig& conf
   STRATA_CUDA_RETURN(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
   STRATA_CUDA_RETURN(cudaEventCreateWithFlags(&im->ids_ready, cudaEventDisableTiming));
   const cuda::GemmType type = opt.f32_gemm ? cuda::GemmType::kF32 : cuda::GemmType::kBF16;
-  ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
-                                                opt.layer_end == c.num_layers, type, host, seed,
-                                                opt.fp8_weights));
+  if (stream != nullptr) {
+    ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
+                                                  opt.layer_end == c.num_layers, type, *stream,
+                                                  opt.on_load_progress));
+  } else {
+    ASSIGN_OR_RETURN(im->w, gpu::BuildDeviceModel(c, opt.layer_begin, opt.layer_end, opt.layer_begin == 0,
+                                                  opt.layer_end == c.num_layers, type, nullptr, seed,
+                                                  opt.fp8_weights));
+  }
   ASSIGN_OR_RETURN(im->gemm, cuda::GemmRunner::Create(opt.batch_invariant_gemm));
   if (opt.fp8_weights) {
     ASSIGN_OR_RETURN(im->fp8_gemm, cuda::Fp8GemmRunner::Create(opt.batch_invariant_gemm));
@@ -124,11 +131,15 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Load(const std::string& mo
   int end = options.layer_end;
   RETURN_IF_ERROR(CheckStageRange(config, options.layer_begin, &end));
   ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));
-  LoadOptions lo;
-  lo.keep_fp8 = options.fp8_weights;
-  ASSIGN_OR_RETURN(auto host, LoadWeights(*store, config, options.layer_begin, end, options.layer_begin == 0,
-                                          end == config.num_layers, lo));
-  ASSIGN_OR_RETURN(auto impl, NewImpl(config, options, host.get(), 0));
+  // Only this stage's tensors, layer by layer, uploaded while the next
+  // layers are read.
+  WeightStreamOptions so;
+  so.load.keep_fp8 = options.fp8_weights;
+  so.readers = options.load_readers;
+  so.max_ahead = options.load_parts_ahead;
+  WeightStream stream(*store, config, options.layer_begin, end, options.layer_begin == 0, end == config.num_layers,
+                      so);
+  ASSIGN_OR_RETURN(auto impl, NewImpl(config, options, &stream, 0));
   return std::unique_ptr<GpuEngine>(new GpuEngine(std::move(impl)));
 }
 

@@ -23,6 +23,7 @@
 #define STRATA_MODEL_GPU_GPU_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "absl/types/span.h"
 #include "model/config.h"
 #include "model/sampler.h"
+#include "model/weight_stream.h"
 
 namespace strata {
 
@@ -60,6 +62,12 @@ struct GpuEngineOptions {
   // experts are still decoded (to bf16, or f32 with f32_gemm, where the fp8
   // layers stay fp8: a test mode). docs/gpu-engine.md, "fp8 weights".
   bool fp8_weights = false;
+  // Load: reader threads and parts (layers) read ahead of the upload
+  // (WeightStream), and a callback after each part is resident (may be
+  // empty). docs/gpu-engine.md, "Loading".
+  int load_readers = 4;
+  int load_parts_ahead = 3;
+  std::function<void(const LoadProgress&)> on_load_progress;
   // Layers owned: [layer_begin, layer_end); -1 = num_layers.
   int layer_begin = 0;
   int layer_end = -1;
