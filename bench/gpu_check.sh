@@ -25,7 +25,7 @@ MODE=${1:-run}
 BUILD=${BUILD_DIR:-build-cuda}
 BIN=$BUILD/gpu-bin
 TESTS="kv_layout_test fp8_quantize_cuda_test dsa_indexer_cuda_test mla_decode_cuda_test moe_gemv_cuda_test gemm_cuda_test layer_ops_cuda_test small_gemm_cuda_test fp8_gemv_cuda_test fp8_gemm_cuda_test sampling_cuda_test gpu_engine_test"
-BENCHES="strata_attention_bench strata_gpu_e2e_bench strata_moe_bench strata_fp8_gemv_bench"
+BENCHES="strata_attention_bench strata_gpu_e2e_bench strata_moe_bench strata_fp8_gemv_bench strata_load_bench strata_make_checkpoint"
 
 if [ "$MODE" = build ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON ${CMAKE_ARGS:-} || exit 1
