@@ -13,6 +13,7 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kMaxRows = 65535;
+constexpr int kFp8LibraryK = 4 * kFp8BlockSize;  // see Run
 
 int RowClass(int m) {
   int c = 16;
@@ -120,8 +121,12 @@ absl::Status Fp8GemmRunner::Run(const Fp8GemvArgs& args, cudaStream_t stream) {
                                                    " ldx=", a.ldx, " ldw=", a.ldw, " (k and ldw multiples of 16, "
                                                    "16-byte aligned operands)"));
   }
-  if (m <= kFp8GemvMaxRows || batch_invariant_) {
-    // The GEMV, eight rows at a time in the batch-invariant mode.
+  // The library gives wrong outputs unless k is a whole number of groups of
+  // four 128-column blocks (k = 1040 and 1152 fail on the H200, 1024, 1536,
+  // 2048 and 7168 pass: fp8_gemm_cuda_test); other widths run the GEMV at
+  // every step size. DeepSeek's widths are all multiples of 512.
+  if (m <= kFp8GemvMaxRows || batch_invariant_ || a.k % kFp8LibraryK != 0) {
+    // The GEMV, eight rows at a time above eight rows.
     a.form = batch_invariant_ ? Fp8GemvForm::kTensorCores : Fp8GemvForm::kAuto;
     for (int i0 = 0; i0 < m; i0 += kFp8GemvMaxRows) {
       Fp8GemvArgs part = a;

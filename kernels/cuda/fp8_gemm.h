@@ -5,11 +5,17 @@
 //   y[i][j] (+)= sum_l x[i][l] * W(j, l),   W(j, l) = e4m3(code[j][l]) * scale[j/128][l/128]
 //
 // with the arguments of fp8_gemv.h (Fp8GemvArgs, any m; its `form` is set
-// here). Steps of at most kFp8GemvMaxRows rows run LaunchFp8Gemv on the f32
-// inputs. Larger steps quantise x per 1×128 group (LaunchQuantizeGroups128,
+// here). Steps of at most kFp8GemvMaxRows rows, and every step when k is not
+// a multiple of 512 (the library's outputs are wrong for other widths on the
+// H200, measured), run LaunchFp8Gemv on the f32 inputs, eight rows at a time. Larger steps
+// quantise x per 1×128 group (LaunchQuantizeGroups128,
 // DeepSeek's activation quantisation) and run cuBLASLt's block-scaled fp8
 // GEMM (weight scales BLK128x128_32F, activation scales VEC128_32F, f32
 // output), one algorithm per shape and row class as GemmRunner does.
+//
+// The weights must hold no NaN codes (0x7F, 0xFF) when steps of more than
+// eight rows run: the library reads them as NaN where the GEMV reads 0
+// (LaunchClearNanCodes clears them; the engine does so at load).
 //
 // Batch invariance: with batch_invariant every step runs the tensor-core
 // GEMV in chunks of eight rows (a row's bits never depend on m; the cost

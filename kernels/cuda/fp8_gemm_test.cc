@@ -3,12 +3,15 @@
 //   1×128 group, bit for bit (partial last group, all-zero and NaN-holding
 //   groups, the padding of each row zeroed);
 // - steps of more than eight rows (the library; row counts that are not
-//   multiples of 16 padded) against a float64 product of
-//   the quantised inputs and the decoded weights, within the bound of fp8
-//   tensor cores that sum each 128-column block in reduced precision and
-//   promote it to f32 (2^-11 of the block sums' magnitudes; the library does
-//   not document its accumulator, DeepSeek-V3's report measures about 14 bits);
-//   their error against the unquantised inputs is printed;
+//   multiples of 16 padded) against a float64 product of the quantised
+//   inputs and the decoded weights. The library does not document its fp8
+//   accumulator (DeepSeek-V3's report measures about 14 bits kept per
+//   addition); errors measured on the H200 reach 1.06 × 2^-11 of the
+//   128-column blocks' magnitudes (m 300, k 1024). The bound, 2^-9 of those
+//   magnitudes, is there to catch wiring mistakes (operand or scale layouts,
+//   padding), which give errors of the size of the values (3447 × 2^-11 for
+//   k = 1152 before such widths were taken off the library); the worst error
+//   is printed, with the error against the unquantised inputs;
 // - steps of at most eight rows give LaunchFp8Gemv's bits;
 // - in the batch-invariant mode a row's bits do not depend on m.
 #include "kernels/cuda/fp8_gemm.h"
@@ -54,6 +57,18 @@ struct Problem {
     dx = DeviceBuffer(x.size() * 4);
     dy = DeviceBuffer(y0.size() * 4);
     dw.Upload(w.data(), w.size());
+    // As the engine loads weights: NaN codes (about 1 in 128 here) become 0,
+    // the value fp8::Decode gives them in the reference.
+    STRATA_CUDA_OK(LaunchClearNanCodes(dw.as<uint8_t>(), static_cast<int64_t>(w.size()), nullptr));
+    std::vector<uint8_t> cleared(w.size());
+    dw.Download(cleared.data(), cleared.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      const uint8_t want = (w[i] & 0x7F) == 0x7F ? 0 : w[i];
+      if (cleared[i] != want) {
+        ADD_FAILURE() << "code " << i << ": 0x" << std::hex << int{w[i]} << " cleared to 0x" << int{cleared[i]};
+        break;
+      }
+    }
     ds.Upload(scale.data(), scale.size() * 4);
     dx.Upload(x.data(), x.size() * 4);
     dy.Upload(y0.data(), y0.size() * 4);
@@ -138,8 +153,8 @@ TEST(Fp8GemmTest, LargeStepsRunTheLibraryWithinTheFp8TensorCoreBound) {
     bool accumulate;
   };
   int calls = 0;
-  for (const Shape sh : {Shape{9, 576, 7168, false}, Shape{16, 1200, 1040, true}, Shape{33, 3000, 1536, false},
-                         Shape{300, 1200, 1040, false}, Shape{129, 256, 2048, true}}) {
+  for (const Shape sh : {Shape{9, 576, 7168, false}, Shape{16, 1200, 2560, true}, Shape{33, 3000, 1536, false},
+                         Shape{300, 1200, 1024, false}, Shape{129, 256, 2048, true}}) {
     Problem p(seed + (++calls), sh.m, sh.n, sh.k);
     const absl::Status st = (*runner)->Run(p.Args(sh.accumulate), nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -171,9 +186,9 @@ TEST(Fp8GemmTest, LargeStepsRunTheLibraryWithinTheFp8TensorCoreBound) {
         }
         const size_t yi = static_cast<size_t>(i) * p.n + j;
         const double base = sh.accumulate ? double{p.y0[yi]} : 0.0;
-        const double bound = 0x1.0p-11 * bound_mag + 0x1.0p-23 * (std::fabs(ref) + std::fabs(base));
+        const double bound = 0x1.0p-9 * bound_mag + 0x1.0p-23 * (std::fabs(ref) + std::fabs(base));
         const double err = std::fabs(y[yi] - (ref + base));
-        worst = std::max(worst, err / bound);
+        worst = std::isnan(err) ? INFINITY : std::max(worst, err / bound);
         bad += !(err <= bound);
         worst_unquantised = std::max(worst_unquantised, std::fabs(y[yi] - (exact + base)) / (mag + 1e-30));
       }
@@ -191,6 +206,33 @@ std::vector<float> RunnerResult(Fp8GemmRunner& r, const Problem& p, const Fp8Gem
   EXPECT_TRUE(r.Run(a, nullptr).ok());
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return p.Result();
+}
+
+// Widths the library gets wrong on the H200 (k = 1040: a partial last
+// 128-column block, non-finite outputs; k = 1152: nine blocks, errors of the
+// size of the values) run the GEMV, eight rows at a time.
+TEST(Fp8GemmTest, WidthsOtherThanMultiplesOf512RunTheGemv) {
+  const uint64_t seed = strata::testing::TestSeed();
+  auto runner = Fp8GemmRunner::Create(false);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  for (int k : {1040, 1152}) {
+    Problem p(seed + k, 20, 1200, k);
+    const std::vector<float> via_runner = RunnerResult(**runner, p, p.Args(false));
+    EXPECT_EQ((*runner)->library_calls(), 0);
+    for (int i0 = 0; i0 < p.m; i0 += kFp8GemvMaxRows) {
+      Fp8GemvArgs a = p.Args(false);
+      a.m = std::min(kFp8GemvMaxRows, p.m - i0);
+      a.x += static_cast<int64_t>(i0) * a.ldx;
+      a.y += static_cast<int64_t>(i0) * a.ldy;
+      a.form = Fp8GemvForm::kAuto;
+      ASSERT_EQ(LaunchFp8Gemv(a, nullptr), cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> direct = p.Result();
+    int64_t differ = 0;
+    for (size_t e = 0; e < direct.size(); ++e) differ += direct[e] != via_runner[e];
+    EXPECT_EQ(differ, 0) << "k " << k << " seed " << seed;
+  }
 }
 
 TEST(Fp8GemmTest, SmallStepsAreTheGemvsBits) {

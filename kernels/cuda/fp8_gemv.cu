@@ -389,6 +389,13 @@ __global__ void FillRandomFp8Kernel(uint8_t* codes, int64_t n, uint64_t seed) {
   }
 }
 
+__global__ void ClearNanCodesKernel(uint8_t* codes, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if ((codes[i] & 0x7F) == 0x7F) codes[i] = 0;
+  }
+}
+
 __global__ void CopyRowsKernel(const float* src, int n, int64_t lds, float* y, int64_t ldy, bool accumulate) {
   const int i = blockIdx.y;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
@@ -405,6 +412,13 @@ cudaError_t LaunchFillRandomFp8(uint8_t* codes, int64_t n, uint64_t seed, cudaSt
   if (n == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
   FillRandomFp8Kernel<<<static_cast<int>(blocks), 256, 0, stream>>>(codes, n, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClearNanCodes(uint8_t* codes, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && codes == nullptr)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  ClearNanCodesKernel<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 65536)), 256, 0, stream>>>(codes, n);
   return cudaGetLastError();
 }
 

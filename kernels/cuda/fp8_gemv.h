@@ -75,6 +75,11 @@ cudaError_t LaunchQuantizeGroups128(const float* x, int m, int k, int64_t ldx, u
 // are uniform in ±448 s. Same codes for the same seed on any device.
 cudaError_t LaunchFillRandomFp8(uint8_t* codes, int64_t n, uint64_t seed, cudaStream_t stream);
 
+// Replaces the NaN codes (0x7F, 0xFF) of n codes by 0x00, so that every
+// product reads them as 0: the GEMV does so in registers, the library would
+// read NaN. Weights are cleared once, when they are loaded.
+cudaError_t LaunchClearNanCodes(uint8_t* codes, int64_t n, cudaStream_t stream);
+
 // y[i][j] = src[i][j] (or y += src with accumulate) for i < m, j < n.
 cudaError_t LaunchCopyRows(const float* src, int m, int n, int64_t lds, float* y, int64_t ldy, bool accumulate,
                            cudaStream_t stream);

@@ -102,6 +102,9 @@ class Stager {
     return absl::OkStatus();
   }
 
+  // The stream the copies run on (null before the first copy).
+  cudaStream_t stream() const { return stream_; }
+
   absl::Status Sync() {
     if (stream_ == nullptr) return absl::OkStatus();
     const cudaError_t e = cudaStreamSynchronize(stream_);
@@ -193,6 +196,9 @@ class Builder {
     l.out = out;
     l.fp8 = true;
     ASSIGN_OR_RETURN(l.w, Upload(src.fp8_codes.data(), src.fp8_codes.size(), what));
+    // NaN codes read as 0 in every product (the library would read NaN).
+    const cudaError_t e = cuda::LaunchClearNanCodes(l.w.as<uint8_t>(), int64_t{out} * in, stager_.stream());
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("clearing NaN codes of ", what, ": ", cudaGetErrorString(e)));
     ASSIGN_OR_RETURN(l.scale, Upload(src.fp8_scales.data(), src.fp8_scales.size() * 4, what));
     if (!src.b.empty()) {
       ASSIGN_OR_RETURN(l.b, Tensor(&src.b, out, false, 0.0f, 0.0f, what));

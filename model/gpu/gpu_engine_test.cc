@@ -315,17 +315,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtureTest, ::testing::ValuesIn(FixtureDi
                          });
 
 // The fp8 checkpoint fixture with its fp8 weights kept as stored (f32 for
-// the rest, the test mode): steps of at most eight rows run the fp8 GEMV on
-// the f32 inputs and the exact decoded weights, so the logits meet the f32
-// mode's bounds against the CPU engine (which decodes the weights to f32);
-// the weights take fewer bytes. A prefill of all 40 rows runs the library
-// with fp8-quantised activations (DeepSeek's own inference arithmetic): that
-// error is printed, and only a broken path (near-random tokens) fails, as
-// for bf16 above: these random models route on gaps of ~1e-3.
+// the rest, the test mode): the fixture's widths (320, 64, 32, 16) are not
+// multiples of 128, so every fp8 layer runs the fp8 GEMV on the f32 inputs
+// and the exact decoded weights, eight rows at a time (the library path, for
+// widths of whole 128-column blocks, is checked by fp8_gemm_cuda_test), and
+// the logits meet the f32 mode's bounds against the CPU engine (which decodes
+// the weights to f32), for a prefill of 8 and of 39 rows; the weights take
+// fewer bytes.
 TEST(GpuEngineTest, Fp8WeightsStayFp8AndMatchTheCpuEngine) {
   const std::string dir = (FixtureRoot() / "deepseek_v3_fp8").string();
   const std::vector<int> tokens = TokensOf(dir + "/reference.json");
-  const int T = static_cast<int>(tokens.size()), split = 8;
+  const int T = static_cast<int>(tokens.size());
   GpuEngineOptions opt;
   opt.f32_gemm = true;
   opt.kv_cache_bytes = 64 << 20;
@@ -339,7 +339,7 @@ TEST(GpuEngineTest, Fp8WeightsStayFp8AndMatchTheCpuEngine) {
               static_cast<unsigned long long>((*decoded)->weight_bytes()));
   EXPECT_LT((*engine)->weight_bytes(), (*decoded)->weight_bytes());
   const int V = (*engine)->config().vocab_size;
-  {
+  for (int split : {8, T - 1}) {
     const CpuRun cpu = RunCpu(dir, tokens, split);
     const GpuRun gpu = RunGpu(engine->get(), tokens, split);
     ASSERT_EQ(gpu.logits.size(), cpu.logits.size());
@@ -348,24 +348,10 @@ TEST(GpuEngineTest, Fp8WeightsStayFp8AndMatchTheCpuEngine) {
     EXPECT_LE(cd.differing, cd.codes / 1000);
     const float max_ref = MaxAbs(cpu.logits);
     const SplitError err = LogitErrorAroundFlip(cpu.logits, gpu.logits, V, T, cd.first_position);
-    std::printf("fp8 weights, steps of <= 8 rows: max |gpu - cpu| / max|cpu| = %.3g (%.3g after position %lld)\n",
-                err.before / max_ref, err.after / max_ref, static_cast<long long>(cd.first_position));
-    EXPECT_LE(err.before, 1e-3f * max_ref);
-    EXPECT_LE(err.after, 1e-2f * max_ref);
-  }
-  {
-    const CpuRun cpu = RunCpu(dir, tokens, T - 1);
-    const GpuRun gpu = RunGpu(engine->get(), tokens, T - 1);
-    int agree = 0;
-    float worst = 0;
-    for (int t = 0; t < T; ++t) {
-      agree += Argmax(&gpu.logits[t * V], V) == Argmax(&cpu.logits[t * V], V);
-      for (int v = 0; v < V; ++v) worst = std::max(worst, std::fabs(gpu.logits[t * V + v] - cpu.logits[t * V + v]));
-    }
-    std::printf("fp8 weights, a prefill of %d rows (fp8 activations): top-1 agreement %d/%d, max |gpu - cpu| / "
-                "max|cpu| = %.3g\n",
-                T - 1, agree, T, worst / MaxAbs(cpu.logits));
-    EXPECT_GE(agree, T / 2);
+    std::printf("fp8 weights, a prefill of %d rows: max |gpu - cpu| / max|cpu| = %.3g (%.3g after position %lld)\n",
+                split, err.before / max_ref, err.after / max_ref, static_cast<long long>(cd.first_position));
+    EXPECT_LE(err.before, 1e-3f * max_ref) << "prefill " << split;
+    EXPECT_LE(err.after, 1e-2f * max_ref) << "prefill " << split;
   }
 }
 

@@ -349,6 +349,8 @@ absl::Status GpuEngine::Impl::RunMlp(const gpu::DMlp& m, int rows, const float* 
 // weight row is read once; with more, experts shared by many rows are better
 // served by the tensor-core kernel (32 entries per pass over the weights).
 constexpr int kMoeGemvMaxRows = 4;
+// fp8 experts run the matrix-vector kernels up to this many rows.
+constexpr int kFp8MoeGemvMaxRows = 32;
 
 GpuEngine::Impl::MoePath GpuEngine::Impl::DeviceMoePath(int l, int rows) {
   const gpu::DLayer& d = w->layers[l];
@@ -360,6 +362,11 @@ GpuEngine::Impl::MoePath GpuEngine::Impl::DeviceMoePath(int l, int rows) {
   // experts run the matrix-vector kernels at every size (the tensor-core
   // kernel reads bf16).
   const bool fp8 = d.experts[0].gate_up.fp8;
+  // fp8 experts in large steps (prefill): the matrix-vector kernels would
+  // read each expert's weights once per four entries (a 512-token prefill's
+  // MoE layer took 2.5x the bf16 tensor-core time, bench/RESULTS.md); the
+  // host-dispatched path runs each expert's rows as fp8 GEMMs instead.
+  if (fp8 && rows > kFp8MoeGemvMaxRows && !opt.batch_invariant_gemm) return MoePath::kHost;
   const MoePath path =
       rows <= kMoeGemvMaxRows || opt.batch_invariant_gemm || fp8 ? MoePath::kGemv : MoePath::kGemm;
   if (path == MoePath::kGemm &&
