@@ -27,6 +27,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "absl/strings/string_view.h"
+
 namespace strata::log {
 
 enum class Level { kInfo, kWarn, kError };
@@ -35,6 +37,7 @@ enum class Level { kInfo, kWarn, kError };
 class Value {
  public:
   Value(std::string_view v) : text_(v) {}  // NOLINT: implicit by design
+  Value(absl::string_view v) : text_(v.data(), v.size()) {}  // NOLINT (absl::Status::message())
   Value(const std::string& v) : text_(v) {}  // NOLINT
   Value(const char* v) : text_(v != nullptr ? v : "") {}  // NOLINT
   Value(bool v) : text_(v ? "true" : "false") {}  // NOLINT
