@@ -55,7 +55,7 @@ class StageMetrics {
   // which has no fixed pool (its series is then absent).
   struct Gauges {
     int64_t kv_pages_used = 0;
-    std::optional<int64_t> kv_pages_free;
+    std::optional<int64_t> kv_pages_free = std::nullopt;
     int64_t kv_bytes_used = 0;
     int64_t sequences = 0;
     int64_t queue_depth = 0;

@@ -72,7 +72,9 @@ TEST(StageMetricsTest, NamesLabelsAndKinds) {
                         "strata_worker_hop_seconds", "strata_worker_downstream_seconds"}) {
     EXPECT_TRUE(HasFamily(body, f)) << f;
   }
-  EXPECT_NE(body.find(R"(strata_worker_hop_seconds_bucket{stage="0",le="0.0001"} 0)"), std::string::npos);
+  EXPECT_NE(body.find(R"(strata_worker_hop_seconds_bucket{stage="0",le=")" + metrics::FormatValue(0.0001) + "\"} 0"),
+            std::string::npos)
+      << body;
 
   // A re-assignment zeroes the old stage's gauges; a CPU stage has no free pages.
   m.SetGauges(1, {.kv_pages_used = 4, .sequences = 1, .ready = true});
