@@ -106,7 +106,7 @@ std::string QuoteValue(std::string_view v) {
 }
 
 std::string FormatLine(std::string_view ts, Level level, std::string_view daemon, std::string_view event,
-                       std::initializer_list<Field> fields) {
+                       absl::Span<const Field> fields) {
   std::string line;
   if (!ts.empty()) {
     line += "ts=";
@@ -131,7 +131,9 @@ std::string FormatLine(std::string_view ts, Level level, std::string_view daemon
   return line;
 }
 
-void Event(Level level, std::string_view event, std::initializer_list<Field> fields) {
+namespace {
+
+void Write(Level level, std::string_view event, absl::Span<const Field> fields) {
   std::shared_ptr<const Options> options;
   {
     std::lock_guard<std::mutex> l(OptionsMu());
@@ -145,5 +147,13 @@ void Event(Level level, std::string_view event, std::initializer_list<Field> fie
     WriteAll(STDERR_FILENO, line);
   }
 }
+
+}  // namespace
+
+void Event(Level level, std::string_view event, std::initializer_list<Field> fields) {
+  Write(level, event, absl::Span<const Field>(fields.begin(), fields.size()));
+}
+
+void Event(Level level, std::string_view event, const std::vector<Field>& fields) { Write(level, event, fields); }
 
 }  // namespace strata::log

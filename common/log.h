@@ -26,8 +26,10 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace strata::log {
 
@@ -69,6 +71,8 @@ void Configure(Options options);
 
 // Writes `ts=... level=... daemon=... event=EVENT` and the fields, in order.
 void Event(Level level, std::string_view event, std::initializer_list<Field> fields = {});
+// The same with fields chosen at run time.
+void Event(Level level, std::string_view event, const std::vector<Field>& fields);
 inline void Info(std::string_view event, std::initializer_list<Field> fields = {}) {
   Event(Level::kInfo, event, fields);
 }
@@ -82,7 +86,7 @@ inline void Error(std::string_view event, std::initializer_list<Field> fields = 
 // The pieces (exposed for tests).
 // The line Event writes, without the timestamp when `ts` is empty.
 std::string FormatLine(std::string_view ts, Level level, std::string_view daemon, std::string_view event,
-                       std::initializer_list<Field> fields);
+                       absl::Span<const Field> fields);
 // A value as written: bare when it is a non-empty run of printable
 // characters other than space, '=' and '"'; quoted and escaped otherwise.
 std::string QuoteValue(std::string_view v);

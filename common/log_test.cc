@@ -117,9 +117,15 @@ TEST(LogTest, EventGoesToTheSinkWithTimestampAndDaemon) {
     });
   }
   for (auto& t : threads) t.join();
+  std::vector<Field> chosen = {{"a", 1}};
+  chosen.push_back({"prompt", std::string("built at run time")});
+  Event(Level::kWarn, "dynamic", chosen);
   Error("boom", {{"error", "disk full"}});
   Configure({});
-  ASSERT_EQ(lines.size(), 201u);
+  ASSERT_EQ(lines.size(), 202u);
+  EXPECT_NE(lines[200].find(" level=warn daemon=strata-test event=dynamic a=1 prompt=\"built at run time\"\n"),
+            std::string::npos)
+      << lines[200];
   for (const std::string& l : lines) {
     auto f = Parse(l);
     ASSERT_GE(f.size(), 4u) << l;

@@ -188,16 +188,17 @@ absl::Status Scheduler::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> s
   }
   r->stops = std::make_unique<StopMatcher>(spec.sampling.stop);
   r->spec = std::move(spec);
-  if (options_.log_prompts) {
-    const std::string text = model_->tokenizer ? model_->tokenizer->Decode(r->spec.prompt) : std::string();
-    log::Info("request_start", {{"request_id", r->spec.request_id}, {"session_id", r->spec.session_id},
-                                {"caller", r->spec.owner}, {"prompt_tokens", r->prompt_tokens},
-                                {"cached_tokens", r->cached_tokens}, {"max_tokens", r->limit},
-                                {"prompt", text}});
-  } else {
-    log::Info("request_start", {{"request_id", r->spec.request_id}, {"session_id", r->spec.session_id},
-                                {"caller", r->spec.owner}, {"prompt_tokens", r->prompt_tokens},
-                                {"cached_tokens", r->cached_tokens}, {"max_tokens", r->limit}});
+  {
+    std::vector<log::Field> fields = {{"request_id", r->spec.request_id},
+                                      {"session_id", r->spec.session_id},
+                                      {"caller", r->spec.owner},
+                                      {"prompt_tokens", r->prompt_tokens},
+                                      {"cached_tokens", r->cached_tokens},
+                                      {"max_tokens", r->limit}};
+    if (options_.log_prompts) {
+      fields.push_back({"prompt", model_->tokenizer ? model_->tokenizer->Decode(r->spec.prompt) : std::string()});
+    }
+    log::Event(log::Level::kInfo, "request_start", fields);
   }
   queue_.push_back(key);
   requests_[key] = std::move(r);
@@ -304,21 +305,20 @@ void Scheduler::FinishLocked(Request& r, v1::FinishReason reason, const absl::St
     const double ttft = r.t_first != absl::Time() ? Ms(r.t_first - r.t_submit) : -1;
     const double queue = Ms((r.running ? r.t_start : now) - r.t_submit);
     const log::Level level = status.ok() || absl::IsCancelled(status) ? log::Level::kInfo : log::Level::kWarn;
-    if (options_.log_prompts) {
-      log::Event(level, "request_finish",
-                 {{"request_id", r.spec.request_id}, {"session_id", r.spec.session_id}, {"caller", r.spec.owner},
-                  {"finish_reason", ReasonName(logged)}, {"prompt_tokens", r.prompt_tokens},
-                  {"completion_tokens", r.generated}, {"cached_tokens", r.cached_tokens}, {"queue_ms", queue},
-                  {"ttft_ms", ttft}, {"latency_ms", Ms(now - r.t_submit)}, {"code", code},
-                  {"error", status.message()}, {"completion", r.completion}});
-    } else {
-      log::Event(level, "request_finish",
-                 {{"request_id", r.spec.request_id}, {"session_id", r.spec.session_id}, {"caller", r.spec.owner},
-                  {"finish_reason", ReasonName(logged)}, {"prompt_tokens", r.prompt_tokens},
-                  {"completion_tokens", r.generated}, {"cached_tokens", r.cached_tokens}, {"queue_ms", queue},
-                  {"ttft_ms", ttft}, {"latency_ms", Ms(now - r.t_submit)}, {"code", code},
-                  {"error", status.message()}});
-    }
+    std::vector<log::Field> fields = {{"request_id", r.spec.request_id},
+                                      {"session_id", r.spec.session_id},
+                                      {"caller", r.spec.owner},
+                                      {"finish_reason", ReasonName(logged)},
+                                      {"prompt_tokens", r.prompt_tokens},
+                                      {"completion_tokens", r.generated},
+                                      {"cached_tokens", r.cached_tokens},
+                                      {"queue_ms", queue},
+                                      {"ttft_ms", ttft},
+                                      {"latency_ms", Ms(now - r.t_submit)},
+                                      {"code", code},
+                                      {"error", status.message()}};
+    if (options_.log_prompts) fields.push_back({"completion", r.completion});
+    log::Event(level, "request_finish", fields);
   }
   if (const ServingMetrics* m = options_.metrics) {
     const v1::FinishReason counted = status.ok() ? reason
