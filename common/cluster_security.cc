@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace strata {
@@ -108,10 +109,10 @@ absl::StatusOr<ClusterCredentials> ClusterCredentialsFromFlags(const FlagSet& fl
   o.insecure = flags.Has("insecure-cluster");
   ASSIGN_OR_RETURN(ClusterCredentials c, ClusterCredentials::Create(o));
   if (c.insecure()) {
-    std::fprintf(stderr,
-                 "%.*s: WARNING: --insecure-cluster: the cluster's internal RPCs are plaintext and "
-                 "unauthenticated; anyone who reaches the internal ports can steer the cluster\n",
-                 static_cast<int>(program.size()), program.data());
+    log::Warn("insecure_cluster", {{"program", program},
+                                   {"reason", "--insecure-cluster: the cluster's internal RPCs are plaintext and "
+                                              "unauthenticated; anyone who reaches the internal ports can steer the "
+                                              "cluster"}});
   }
   return c;
 }

@@ -8,6 +8,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "model/config.h"
 #include "worker/stage_wire.h"
@@ -102,8 +104,7 @@ v1::RegisterResponse Cluster::Register(const v1::RegisterRequest& req) {
       ++it;
     }
   }
-  std::fprintf(stderr, "strata-coordinator: %s registered (%s at %s)\n", w.id.c_str(), w.name.c_str(),
-               w.address.c_str());
+  log::Info("worker_register", {{"worker", w.name}, {"worker_id", w.id}, {"address", w.address}});
   workers_[w.id] = w;
   v1::RegisterResponse resp;
   resp.set_worker_id(w.id);
@@ -170,8 +171,8 @@ void Cluster::PipelineDown(int64_t epoch, const absl::Status& status) {
     placed_ = false;
     cv_.notify_all();
   }
-  std::fprintf(stderr, "strata-coordinator: pipeline of epoch %lld down: %s\n", static_cast<long long>(epoch),
-               std::string(status.message()).c_str());
+  log::Error("pipeline_down", {{"epoch", epoch}, {"code", absl::StatusCodeToString(status.code())},
+                               {"error", status.message()}});
   if (on_ready_) on_ready_(false);
   scheduler_->OnPipelineDown(status);
   // The link is destroyed by the control thread (this may run on its reader).
@@ -260,7 +261,7 @@ absl::Status Cluster::PlaceAndAssign() {
     std::lock_guard<std::mutex> l(link_mu_);
     link_ = std::move(*link);
   }
-  std::string desc = DescribePlan(*plan, slots);
+  std::vector<std::string> stage_workers;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != epoch_) return absl::AbortedError("re-placed meanwhile");
@@ -275,11 +276,19 @@ absl::Status Cluster::PlaceAndAssign() {
     stage_ids_.clear();
     for (const auto& a : plan->stages) {
       stages_.push_back({alive[a.worker].name, alive[a.worker].address, a.layer_begin, a.layer_end});
+      stage_workers.push_back(alive[a.worker].name);
       stage_ids_.push_back(alive[a.worker].id);
     }
     placed_ = true;
   }
-  std::fprintf(stderr, "strata-coordinator: epoch %lld placed:\n%s", static_cast<long long>(epoch), desc.c_str());
+  log::Info("placed", {{"epoch", epoch}, {"stages", S}, {"workers", absl::StrJoin(stage_workers, ",")}});
+  for (size_t i = 0; i < plan->stages.size(); ++i) {
+    const auto& a = plan->stages[i];
+    log::Info("stage_placed", {{"epoch", epoch}, {"stage", i}, {"worker", stage_workers[i]},
+                               {"layer_begin", a.layer_begin}, {"layer_end", a.layer_end},
+                               {"weight_bytes", a.weight_bytes}, {"kv_budget_bytes", a.kv_bytes}});
+  }
+  for (const auto& n : plan->notes) log::Info("placement_note", {{"epoch", epoch}, {"note", n}});
   scheduler_->OnPipelineUp(S, epoch);
   if (on_ready_) on_ready_(true);
   return absl::OkStatus();
@@ -300,8 +309,8 @@ void Cluster::Loop() {
       for (auto& [id, w] : workers_) {
         if (w.alive && now - w.last_heartbeat > options_.down_after) {
           w.alive = false;
-          std::fprintf(stderr, "strata-coordinator: %s (%s at %s) is down: no heartbeat for %s\n", id.c_str(),
-                       w.name.c_str(), w.address.c_str(), absl::FormatDuration(options_.down_after).c_str());
+          log::Warn("worker_down", {{"worker", w.name}, {"worker_id", id}, {"address", w.address},
+                                    {"reason", "no heartbeat for " + absl::FormatDuration(options_.down_after)}});
           if (placed_) {
             for (size_t s = 0; s < stage_ids_.size(); ++s) {
               if (stage_ids_[s] == id) {
@@ -334,8 +343,8 @@ void Cluster::Loop() {
       const bool report =
           st.code() != absl::StatusCode::kUnavailable || st.message().find("AssignLayers") != std::string::npos;
       if (report && st.message() != last_placement_error) {
-        std::fprintf(stderr, "strata-coordinator: placement failed (retrying every 0.5 s): %s\n",
-                     std::string(st.message()).c_str());
+        log::Warn("placement_failed", {{"code", absl::StatusCodeToString(st.code())}, {"error", st.message()},
+                                       {"retry_s", 0.5}});
       }
       last_placement_error = std::string(st.message());
     } else {

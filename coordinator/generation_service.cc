@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace strata::coordinator {
 namespace {
@@ -193,8 +194,14 @@ void GenerationService::Start(const std::string& caller, const v1::GenerateReque
     std::lock_guard<std::mutex> l(seed_mu_);
     seed = seeds_() >> 1;
   }
+  // Requests refused before admission (the scheduler logs the admitted ones).
+  auto rejected = [caller, request_id = req.request_id(), session_id = req.session_id()](const absl::Status& st) {
+    log::Info("request_rejected", {{"request_id", request_id}, {"session_id", session_id}, {"caller", caller},
+                                   {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
+  };
   absl::StatusOr<RequestSpec> spec = ParseRequest(req, *model_, seed);
   if (!spec.ok()) {
+    rejected(spec.status());
     sink->Close(spec.status());
     return;
   }
@@ -202,15 +209,21 @@ void GenerationService::Start(const std::string& caller, const v1::GenerateReque
   if (!sessions_->persistent()) spec->persist = false;
   if (sessions_->NeedsPrepare(*spec)) {
     // A stored session is loaded onto the stages (or created) first.
-    Detach([this, sink, spec = std::move(*spec), deadline]() mutable {
+    Detach([this, sink, spec = std::move(*spec), deadline, rejected]() mutable {
       absl::Status st = sessions_->Prepare(&spec);
       if (st.ok()) st = Submit(std::move(spec), sink, deadline);
-      if (!st.ok()) sink->Close(st);
+      if (!st.ok()) {
+        rejected(st);
+        sink->Close(st);
+      }
     });
     return;
   }
   sessions_->ReserveResident(&*spec);
-  if (absl::Status st = Submit(std::move(*spec), sink, deadline); !st.ok()) sink->Close(st);
+  if (absl::Status st = Submit(std::move(*spec), sink, deadline); !st.ok()) {
+    rejected(st);
+    sink->Close(st);
+  }
 }
 
 absl::Status GenerationService::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> sink,

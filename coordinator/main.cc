@@ -11,7 +11,8 @@
 // Prints "internal ADDRESS" (where workers register), "http ADDRESS" (with
 // --http-listen: the OpenAI-compatible API, docs/http.md), "metrics ADDRESS"
 // (with --metrics-listen, docs/metrics.md) and then "listening ADDRESS" (the
-// public gRPC API) once serving; readiness is published on
+// public gRPC API) once serving, and logs events on stderr, one line each
+// (docs/logging.md; --log-prompts adds prompt and completion text); readiness is published on
 // grpc.health.v1 under "strata.v1.Generation". SIGINT / SIGTERM drain: readiness
 // goes false, no new requests, running ones finish up to --drain-timeout-s; a
 // second signal exits at once.
@@ -28,6 +29,7 @@
 #include "common/cluster_security.h"
 #include "common/flags.h"
 #include "common/health_port.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_port.h"
 #include "common/status_macros.h"
@@ -80,7 +82,7 @@ absl::StatusOr<Security> SecurityFromFlags(const strata::FlagSet& flags) {
     ASSIGN_OR_RETURN(s.public_credentials, strata::PublicServerCredentials(flags.Get("tls-cert"), flags.Get("tls-key")));
   } else {
     s.public_credentials = grpc::InsecureServerCredentials();
-    std::fprintf(stderr, "strata-coordinator: WARNING: --insecure-public: the public API is plaintext\n");
+    strata::log::Warn("insecure_public", {{"reason", "--insecure-public: the public API is plaintext"}});
   }
   strata::coordinator::ApiAuthOptions ao;
   auto concurrent = flags.GetInt("max-concurrent-per-token", ao.max_concurrent);
@@ -102,8 +104,8 @@ absl::StatusOr<Security> SecurityFromFlags(const strata::FlagSet& flags) {
     ASSIGN_OR_RETURN(s.auth, strata::coordinator::ApiAuth::FromTokens(text, ao));
   } else {
     s.auth = strata::coordinator::ApiAuth::Anonymous(ao);
-    std::fprintf(stderr, "strata-coordinator: WARNING: --allow-unauthenticated: anyone who reaches the public "
-                         "port may generate\n");
+    strata::log::Warn("unauthenticated", {{"reason", "--allow-unauthenticated: anyone who reaches the public port "
+                                                     "may generate"}});
   }
   return s;
 }
@@ -159,6 +161,8 @@ int main(int argc, char** argv) {
   flags.Declare("http-threads", "HTTP connections served at once; each stream holds one (default 128)");
   flags.Declare("served-model-name", "the model's name in the HTTP API (default: the model directory's name)");
   flags.Declare("metrics-listen", "plaintext address serving only GET /metrics, for Prometheus (default: none)");
+  flags.Declare("log-prompts", "log the prompt and completion text of every request (default: counts and ids only; "
+                               "docs/logging.md)", true);
   flags.Declare("drain-timeout-s", "on SIGTERM, running requests get this long to finish (default 30)");
   strata::DeclareClusterSecurityFlags(flags);
   flags.Declare("workers", "workers to place the model over (default 1)");
@@ -183,6 +187,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!flags.Has("model")) return Usage("--model is required", flags);
+  strata::log::Configure({"strata-coordinator", nullptr});
   auto workers = flags.GetInt("workers", 1), min_workers = flags.GetInt("min-workers", 0),
        max_running = flags.GetInt("max-running", 64), max_queued = flags.GetInt("max-queued", 256),
        max_context = flags.GetInt("max-context", 0), chunk = flags.GetInt("prefill-chunk", 256),
@@ -224,7 +229,7 @@ int main(int argc, char** argv) {
 
   auto model = LoadModelContext(flags.Get("model"));
   if (!model.ok()) {
-    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(model.status().message()).c_str());
+    strata::log::Error("start_failed", {{"error", model.status().message()}});
     return 1;
   }
   ClusterOptions co;
@@ -239,7 +244,7 @@ int main(int argc, char** argv) {
   if (!co.kvstore_address.empty()) {
     auto ids = strata::FingerprintModel(co.model_dir, synthetic_seed);
     if (!ids.ok()) {
-      std::fprintf(stderr, "strata-coordinator: %s\n", std::string(ids.status().message()).c_str());
+      strata::log::Error("start_failed", {{"error", ids.status().message()}});
       return 1;
     }
     co.model_fingerprint = ids->fingerprint;
@@ -249,18 +254,17 @@ int main(int argc, char** argv) {
       strata::FingerprintStats stats;
       auto digest = strata::ModelDigest(co.model_dir, &stats);
       if (!digest.ok()) {
-        std::fprintf(stderr, "strata-coordinator: %s\n", std::string(digest.status().message()).c_str());
+        strata::log::Error("start_failed", {{"error", digest.status().message()}});
         return 1;
       }
       shape.model_digest = *digest;
-      std::fprintf(stderr, "strata-coordinator: model digest %016llx (%.1f MB read)\n",
-                   static_cast<unsigned long long>(*digest), static_cast<double>(stats.bytes_read) / 1e6);
+      strata::log::Info("model_digest", {{"digest", absl::StrCat(absl::Hex(*digest, absl::kZeroPad16))},
+                                         {"mb_read", static_cast<double>(stats.bytes_read) / 1e6}});
     }
     store = std::make_unique<KvSessionClient>(co.kvstore_address, std::move(shape), security->cluster.channel());
-    std::fprintf(stderr,
-                 "strata-coordinator: sessions persist in the KV store at %s (model fingerprint %016llx, %s)\n",
-                 co.kvstore_address.c_str(), static_cast<unsigned long long>(ids->fingerprint),
-                 ids->what.c_str());
+    strata::log::Info("kvstore", {{"address", co.kvstore_address},
+                                  {"fingerprint", absl::StrCat(absl::Hex(ids->fingerprint, absl::kZeroPad16))},
+                                  {"fingerprint_of", ids->what}});
   }
   co.placement.max_sessions = *max_running;
   co.placement.max_context = *max_context > 0 ? *max_context : (*model)->config.max_position_embeddings;
@@ -269,7 +273,7 @@ int main(int argc, char** argv) {
   co.credentials = security->cluster.channel();
   auto cluster = Cluster::Create(co);
   if (!cluster.ok()) {
-    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(cluster.status().message()).c_str());
+    strata::log::Error("start_failed", {{"error", cluster.status().message()}});
     return 1;
   }
   SessionTable sessions;
@@ -280,6 +284,7 @@ int main(int argc, char** argv) {
   metrics::Registry registry;
   ServingMetrics serving_metrics(&registry);
   so.metrics = &serving_metrics;
+  so.log_prompts = flags.Has("log-prompts");
   auto scheduler = std::make_unique<Scheduler>(so, model->get(), cluster->get(), &sessions);
   SessionManager manager(SessionManagerOptions{}, &sessions, scheduler.get(), cluster->get(), std::move(store));
   scheduler->SetTurnListener([&manager](const TurnEnd& t) { manager.OnTurnEnd(t); });
@@ -302,7 +307,7 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::fprintf(stderr, "strata-coordinator: cannot listen on %s\n", listen.c_str());
+    strata::log::Error("listen_failed", {{"address", listen}});
     return 1;
   }
   grpc::ServerBuilder internal_builder;
@@ -311,13 +316,13 @@ int main(int argc, char** argv) {
   internal_builder.SetMaxReceiveMessageSize(kMaxInternalMessageBytes);
   std::unique_ptr<grpc::Server> internal = internal_builder.BuildAndStart();
   if (!internal || internal_port == 0) {
-    std::fprintf(stderr, "strata-coordinator: cannot listen on %s (--internal-listen)\n", internal_listen.c_str());
+    strata::log::Error("listen_failed", {{"address", internal_listen}, {"flag", "--internal-listen"}});
     return 1;
   }
   auto health = strata::HealthPort::Start(flags.Get("health-listen"),
                                           {server->GetHealthCheckService(), internal->GetHealthCheckService()});
   if (!health.ok()) {
-    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(health.status().message()).c_str());
+    strata::log::Error("start_failed", {{"error", health.status().message()}});
     return 1;
   }
   (*health)->Set("strata.v1.Generation", false);
@@ -330,7 +335,7 @@ int main(int argc, char** argv) {
   RegisterClusterGauges(&registry, sch, cl);
   auto metrics_port = strata::MetricsPort::Start(flags.Get("metrics-listen"), &registry);
   if (!metrics_port.ok()) {
-    std::fprintf(stderr, "strata-coordinator: %s\n", std::string(metrics_port.status().message()).c_str());
+    strata::log::Error("start_failed", {{"error", metrics_port.status().message()}});
     return 1;
   }
   std::unique_ptr<http::HttpGateway> gateway;
@@ -344,7 +349,7 @@ int main(int argc, char** argv) {
     auto g = http::HttpGateway::Start(
         ho, generation.get(), [cl, &draining] { return cl->ready() && !draining; }, &registry);
     if (!g.ok()) {
-      std::fprintf(stderr, "strata-coordinator: %s\n", std::string(g.status().message()).c_str());
+      strata::log::Error("start_failed", {{"error", g.status().message()}});
       return 1;
     }
     gateway = std::move(*g);
@@ -360,6 +365,9 @@ int main(int argc, char** argv) {
   }
   std::printf("listening %s:%d\n", listen.substr(0, listen.rfind(':')).c_str(), port);
   std::fflush(stdout);
+  strata::log::Info("listening", {{"port", port}, {"internal_port", internal_port},
+                                  {"http_port", gateway ? gateway->port() : 0},
+                                  {"metrics_port", (*metrics_port)->port()}, {"log_prompts", so.log_prompts}});
 
   int sig = 0;
   sigwait(&set, &sig);
@@ -369,11 +377,11 @@ int main(int argc, char** argv) {
   draining = true;
   h->Set("strata.v1.Generation", false);
   scheduler->StopAdmitting();
-  std::fprintf(stderr, "strata-coordinator: signal %d, draining (up to %lld s)\n", sig, static_cast<long long>(*drain));
+  strata::log::Info("drain", {{"signal", sig}, {"timeout_s", *drain}});
   std::thread([set] {
     int again = 0;
     sigwait(&set, &again);
-    std::fprintf(stderr, "strata-coordinator: second signal %d, exiting now\n", again);
+    strata::log::Warn("exit_now", {{"signal", again}});
     std::_Exit(1);
   }).detach();
   const absl::Time deadline = absl::Now() + absl::Seconds(*drain);
@@ -382,7 +390,7 @@ int main(int argc, char** argv) {
     if (st.running == 0 && st.queued == 0) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  std::fprintf(stderr, "strata-coordinator: stopping\n");
+  strata::log::Info("stopping", {{"running", scheduler->Stats().running}, {"queued", scheduler->Stats().queued}});
   h->SetAll(false);
   if (gateway) gateway->Stop();  // its handlers abort what still runs
   metrics_port->reset();          // its scrapes read the scheduler and the cluster

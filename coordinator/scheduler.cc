@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace strata::coordinator {
 
@@ -31,6 +32,7 @@ struct Scheduler::Request {
   std::unique_ptr<StreamDecoder> decoder;
   std::unique_ptr<StopMatcher> stops;
   absl::Time t_submit, t_start, t_first, t_last;
+  std::string completion;  // the text streamed, kept only with options_.log_prompts
 };
 
 namespace {
@@ -59,6 +61,21 @@ v1::StageSampling ToStage(const SamplingParams& p) {
 }
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+const char* ReasonName(v1::FinishReason r) {
+  switch (r) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_EOS:
+      return "eos";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return "error";
+  }
+}
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
@@ -171,6 +188,18 @@ absl::Status Scheduler::Submit(RequestSpec spec, std::shared_ptr<GenerateSink> s
   }
   r->stops = std::make_unique<StopMatcher>(spec.sampling.stop);
   r->spec = std::move(spec);
+  {
+    std::vector<log::Field> fields = {{"request_id", r->spec.request_id},
+                                      {"session_id", r->spec.session_id},
+                                      {"caller", r->spec.owner},
+                                      {"prompt_tokens", r->prompt_tokens},
+                                      {"cached_tokens", r->cached_tokens},
+                                      {"max_tokens", r->limit}};
+    if (options_.log_prompts) {
+      fields.push_back({"prompt", model_->tokenizer ? model_->tokenizer->Decode(r->spec.prompt) : std::string()});
+    }
+    log::Event(log::Level::kInfo, "request_start", fields);
+  }
   queue_.push_back(key);
   requests_[key] = std::move(r);
   stats_.queued = static_cast<int64_t>(queue_.size());
@@ -237,6 +266,7 @@ void Scheduler::FinishLocked(Request& r, v1::FinishReason reason, const absl::St
         tail += r.stops->Flush();
       }
     }
+    if (options_.log_prompts) r.completion += tail;
     if (!tail.empty()) {
       v1::GenerateResponse c;
       c.mutable_chunk()->set_text(tail);
@@ -267,6 +297,29 @@ void Scheduler::FinishLocked(Request& r, v1::FinishReason reason, const absl::St
   }
   r.sink->Close(status);
   ++stats_.completed;
+  {
+    const v1::FinishReason logged = status.ok() ? reason
+                                    : absl::IsCancelled(status) ? v1::FINISH_REASON_ABORT
+                                                                : v1::FINISH_REASON_ERROR;
+    const std::string code = absl::StatusCodeToString(status.code());
+    const double ttft = r.t_first != absl::Time() ? Ms(r.t_first - r.t_submit) : -1;
+    const double queue = Ms((r.running ? r.t_start : now) - r.t_submit);
+    const log::Level level = status.ok() || absl::IsCancelled(status) ? log::Level::kInfo : log::Level::kWarn;
+    std::vector<log::Field> fields = {{"request_id", r.spec.request_id},
+                                      {"session_id", r.spec.session_id},
+                                      {"caller", r.spec.owner},
+                                      {"finish_reason", ReasonName(logged)},
+                                      {"prompt_tokens", r.prompt_tokens},
+                                      {"completion_tokens", r.generated},
+                                      {"cached_tokens", r.cached_tokens},
+                                      {"queue_ms", queue},
+                                      {"ttft_ms", ttft},
+                                      {"latency_ms", Ms(now - r.t_submit)},
+                                      {"code", code},
+                                      {"error", status.message()}};
+    if (options_.log_prompts) fields.push_back({"completion", r.completion});
+    log::Event(level, "request_finish", fields);
+  }
   if (const ServingMetrics* m = options_.metrics) {
     const v1::FinishReason counted = status.ok() ? reason
                                      : absl::IsCancelled(status) ? v1::FINISH_REASON_ABORT
@@ -372,6 +425,7 @@ void Scheduler::HandleTokenLocked(Request& r, const v1::SampledToken& t, std::ve
   if (r.decoder) {
     auto f = r.stops->Feed(r.decoder->Add(token));
     resp.mutable_chunk()->set_text(f.text);
+    if (options_.log_prompts) r.completion += f.text;
     stopped = f.stopped;
   }
   r.sink->Send(std::move(resp));

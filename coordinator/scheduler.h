@@ -76,6 +76,10 @@ struct SchedulerOptions {
   // Where requests' latencies and counts are recorded (docs/metrics.md §2);
   // null: nowhere. REQUIRES: outlives the scheduler.
   const ServingMetrics* metrics = nullptr;
+  // The request_start and request_finish log lines (docs/logging.md) carry
+  // the prompt and the completion as text (--log-prompts). Off: counts and
+  // ids only; prompts and completions are never logged.
+  bool log_prompts = false;
 };
 
 // What the scheduler reports when a session's turn ends (for the KV store's

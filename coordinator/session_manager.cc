@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace strata::coordinator {
@@ -171,6 +172,21 @@ absl::StatusOr<SessionManager::Outcome> SessionManager::Acquire(const std::strin
 
 absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::optional<SessionEntry>& memory,
                                             const v1::SessionInfo& info) {
+  const absl::Time t0 = absl::Now();
+  int64_t loaded = 0;
+  absl::Status st = LoadOntoStagesImpl(id, memory, info, &loaded);
+  if (st.ok()) {
+    log::Info("session_load", {{"session_id", id}, {"tokens", loaded}, {"stored_tokens", info.nrec()},
+                               {"ms", absl::ToDoubleMilliseconds(absl::Now() - t0)}});
+  } else {
+    log::Warn("session_load_failed", {{"session_id", id}, {"code", absl::StatusCodeToString(st.code())},
+                                      {"error", st.message()}});
+  }
+  return st;
+}
+
+absl::Status SessionManager::LoadOntoStagesImpl(const std::string& id, const std::optional<SessionEntry>& memory,
+                                                const v1::SessionInfo& info, int64_t* loaded) {
   const int64_t nrec = info.nrec();
   std::vector<int> all;  // the conversation as the coordinator knows it
   std::optional<int> pending;
@@ -182,9 +198,8 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
     load = std::min<int64_t>(nrec, static_cast<int64_t>(all.size()));
     if (load == 0) return absl::OkStatus();  // nothing stored that the coordinator knows: recompute
     if (nrec > load) {
-      std::fprintf(stderr, "strata-coordinator: session '%s': the KV store holds %lld records, this coordinator "
-                   "knows %lld tokens; dropping the store's extra records\n", id.c_str(),
-                   static_cast<long long>(nrec), static_cast<long long>(load));
+      log::Warn("session_records_dropped", {{"session_id", id}, {"stored_tokens", nrec}, {"known_tokens", load},
+                                            {"reason", "the KV store holds records this coordinator does not know"}});
     }
     keep = load;
   } else if (auto p = ParsePending(info); p && p->first == nrec) {
@@ -201,7 +216,7 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
   // that every stage continues from the same position.
   if (absl::Status st = store_->Truncate(id, keep, options_.writers_wait); !st.ok()) {
     if (st.code() != absl::StatusCode::kFailedPrecondition) return st;
-    std::fprintf(stderr, "strata-coordinator: %s; loading anyway\n", std::string(st.message()).c_str());
+    log::Warn("session_truncate_skipped", {{"session_id", id}, {"error", st.message()}, {"reason", "loading anyway"}});
   }
   auto [epoch, stages] = cluster_->placement();
   if (stages.empty()) {
@@ -271,6 +286,7 @@ absl::Status SessionManager::LoadOntoStages(const std::string& id, const std::op
     s.pending_stored = load < keep;
     s.persist = true;
   });
+  *loaded = load;
   return absl::OkStatus();
 }
 
@@ -284,6 +300,19 @@ void SessionManager::FreeOnStages(uint64_t seq_id, const std::vector<Cluster::St
 }
 
 absl::StatusOr<v1::SessionState> SessionManager::Save(const std::string& id, absl::Time deadline) {
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<v1::SessionState> st = SaveImpl(id, deadline);
+  if (st.ok()) {
+    log::Info("session_save", {{"session_id", id}, {"tokens", st->tokens()}, {"persistent", st->persistent()},
+                               {"ms", absl::ToDoubleMilliseconds(absl::Now() - t0)}});
+  } else {
+    log::Warn("session_save_failed", {{"session_id", id}, {"code", absl::StatusCodeToString(st.status().code())},
+                                      {"error", st.status().message()}});
+  }
+  return st;
+}
+
+absl::StatusOr<v1::SessionState> SessionManager::SaveImpl(const std::string& id, absl::Time deadline) {
   RETURN_IF_ERROR(ValidateSessionId(id));
   std::optional<SessionEntry> memory = sessions_->Get(id);
   if (!store_) {
@@ -377,6 +406,17 @@ absl::StatusOr<std::vector<v1::SessionState>> SessionManager::List(const std::st
 }
 
 absl::Status SessionManager::Delete(const std::string& id) {
+  absl::Status st = DeleteImpl(id);
+  if (st.ok()) {
+    log::Info("session_delete", {{"session_id", id}});
+  } else {
+    log::Warn("session_delete_failed", {{"session_id", id}, {"code", absl::StatusCodeToString(st.code())},
+                                        {"error", st.message()}});
+  }
+  return st;
+}
+
+absl::Status SessionManager::DeleteImpl(const std::string& id) {
   RETURN_IF_ERROR(ValidateSessionId(id));
   absl::Status busy;
   uint64_t seq = 0;
@@ -462,8 +502,7 @@ void SessionManager::FinalizerLoop() {
         if (expired && !(done.ok() && *done)) {
           const std::string why =
               done.ok() ? "its rows were not committed in time" : std::string(done.status().message());
-          std::fprintf(stderr, "strata-coordinator: session '%s': turn watermark not written: %s\n", id.c_str(),
-                       why.c_str());
+          log::Warn("session_watermark_not_written", {{"session_id", id}, {"error", why}});
         }
         finished.emplace_back(id, q.since);
       }

@@ -103,8 +103,13 @@ class SessionManager {
   // REQUIRES: a store.
   absl::StatusOr<Outcome> Acquire(const std::string& id, bool create, bool must_exist);
   // Loads a stored session onto every stage. REQUIRES: reserved.
+  // Logs session_load (docs/logging.md) around LoadOntoStagesImpl.
   absl::Status LoadOntoStages(const std::string& id, const std::optional<SessionEntry>& memory,
                               const v1::SessionInfo& info);
+  absl::Status LoadOntoStagesImpl(const std::string& id, const std::optional<SessionEntry>& memory,
+                                  const v1::SessionInfo& info, int64_t* loaded);
+  absl::StatusOr<v1::SessionState> SaveImpl(const std::string& id, absl::Time deadline);
+  absl::Status DeleteImpl(const std::string& id);
   void FreeOnStages(uint64_t seq_id, const std::vector<Cluster::StageView>& stages);
   // Writes the watermark and pending token once `turn.tokens` are committed;
   // returns false while they are not.

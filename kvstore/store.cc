@@ -212,6 +212,23 @@ absl::Status Store::Delete(const std::string& id) {
   return absl::OkStatus();
 }
 
+size_t Store::OpenSessions() {
+  absl::MutexLock l(&mu_);
+  return sessions_.size();
+}
+
+absl::StatusOr<size_t> Store::StoredSessions() {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(options_.dir));
+  size_t n = 0;
+  for (const std::string& name : names) {
+    if (absl::EndsWith(name, kDataSuffix) &&
+        ValidateSessionId(std::string_view(name).substr(0, name.size() - kDataSuffix.size())).ok()) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 absl::StatusOr<std::vector<SessionSummary>> Store::List(const std::string& prefix,
                                                         const std::string& after, size_t limit,
                                                         bool* more) {

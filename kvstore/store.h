@@ -91,6 +91,12 @@ class Store {
   // Runs commit rounds until no session has uncommitted data (tests).
   void CommitAll();
 
+  // Sessions open now (cached, with or without writers), for metrics.
+  size_t OpenSessions();
+  // Sessions stored in the directory (data files with a valid id), counted
+  // from one directory listing without opening any.
+  absl::StatusOr<size_t> StoredSessions();
+
   const StoreOptions& options() const { return options_; }
 
  private:

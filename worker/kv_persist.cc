@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "grpcpp/grpcpp.h"
 #include "strata/v1/kvstore.grpc.pb.h"
 
@@ -270,8 +271,9 @@ AppendState::AppendState(std::shared_ptr<Core> core, AppenderSpec spec)
       end_(spec_.first_position) {}
 
 void AppendState::Log(const std::string& what) const {
-  std::fprintf(stderr, "strata-worker: KV store %s, session %s layers [%d, %d): %s\n", core_->options().address.c_str(),
-               spec_.session_id.c_str(), spec_.layout.layer_begin, spec_.layout.layer_end, what.c_str());
+  log::Warn("kv_append", {{"kvstore", core_->options().address}, {"session_id", spec_.session_id},
+                          {"layer_begin", spec_.layout.layer_begin}, {"layer_end", spec_.layout.layer_end},
+                          {"message", what}});
 }
 
 AppendStream* AppendState::FailLocked(const absl::Status& s) {

@@ -3,7 +3,9 @@
 //   strata-worker --coordinator HOST:PORT --model-root DIR [--listen 127.0.0.1:0] [--name w0]
 //                 (--cluster-ca FILE --cluster-cert FILE --cluster-key FILE | --insecure-cluster)
 //
-// Prints "listening ADDRESS" once serving, registers with the coordinator's
+// Prints "metrics ADDRESS" (with --metrics-listen, docs/metrics.md) and then
+// "listening ADDRESS" on stdout once serving, logs events on stderr
+// (docs/logging.md), registers with the coordinator's
 // internal port, and stops on SIGINT / SIGTERM: readiness goes false and
 // running calls get --drain-timeout-s before they are cancelled
 // (docs/deploy.md).
@@ -19,6 +21,9 @@
 #include "common/cluster_security.h"
 #include "common/flags.h"
 #include "common/health_port.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/metrics_port.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -41,6 +46,7 @@ int main(int argc, char** argv) {
   flags.Declare("coordinator", "address of strata-coordinator's internal port (HOST:PORT)");
   flags.Declare("model-root", "load only model directories under this one (AssignLayers names the model)");
   flags.Declare("health-listen", "plaintext address serving only grpc.health.v1, for probes (default: none)");
+  flags.Declare("metrics-listen", "plaintext address serving only GET /metrics, for Prometheus (default: none)");
   flags.Declare("drain-timeout-s", "on SIGTERM, running calls get this long before they are cancelled (default 5)");
   strata::DeclareClusterSecurityFlags(flags);
   flags.Declare("listen", "address to serve strata.v1.Worker on (default 127.0.0.1:0: any free port)");
@@ -64,6 +70,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!flags.Has("coordinator")) return Usage("--coordinator is required", flags);
+  strata::log::Configure({"strata-worker", nullptr});
   auto threads = flags.GetInt("threads", 0);
   auto chunk = flags.GetInt("max-chunk-bytes", strata::worker::kDefaultMaxChunkBytes);
   if (!threads.ok()) return Usage(std::string(threads.status().message()), flags);
@@ -124,6 +131,8 @@ int main(int argc, char** argv) {
   if (!creds.ok()) return Usage(std::string(creds.status().message()), flags);
   ho.credentials = creds->channel();
   ho.model_root = flags.Get("model-root");
+  strata::metrics::Registry registry;  // outlives the host and the port
+  ho.metrics = &registry;
   auto host = std::make_unique<strata::worker::StageHost>(ho);
   std::unique_ptr<strata::HealthPort> health;
   std::mutex health_mu;
@@ -140,13 +149,13 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::fprintf(stderr, "strata-worker: cannot listen on %s\n", listen.c_str());
+    strata::log::Error("listen_failed", {{"address", listen}});
     return 1;
   }
   {
     auto h = strata::HealthPort::Start(flags.Get("health-listen"), {server->GetHealthCheckService()});
     if (!h.ok()) {
-      std::fprintf(stderr, "strata-worker: %s\n", std::string(h.status().message()).c_str());
+      strata::log::Error("listen_failed", {{"error", h.status().message()}});
       return 1;
     }
     std::lock_guard<std::mutex> l(health_mu);
@@ -154,10 +163,21 @@ int main(int argc, char** argv) {
     health->Set("strata.v1.Worker", false);
     health->Set("", true);  // the process is up; "strata.v1.Worker" says whether layers are loaded
   }
+  auto metrics_port = strata::MetricsPort::Start(flags.Get("metrics-listen"), &registry);
+  if (!metrics_port.ok()) {
+    strata::log::Error("listen_failed", {{"error", metrics_port.status().message()}});
+    return 1;
+  }
+  if ((*metrics_port)->port() != 0) {
+    const std::string ml = flags.Get("metrics-listen");
+    std::printf("metrics %s:%d\n", ml.substr(0, ml.rfind(':')).c_str(), (*metrics_port)->port());
+  }
   const std::string host_part = listen.substr(0, listen.rfind(':'));
   const std::string address = flags.Get("advertise", absl::StrCat(host_part, ":", port));
   std::printf("listening %s\n", address.c_str());
   std::fflush(stdout);
+  strata::log::Info("listening", {{"worker", flags.Get("name", address)}, {"address", address},
+                                  {"metrics_port", (*metrics_port)->port()}, {"device", device}});
 
   strata::worker::RegistrarOptions ro{flags.Get("coordinator"), address, flags.Get("name", address)};
   ro.credentials = creds->channel();
@@ -169,8 +189,7 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "strata-worker: signal %d, draining (up to %lld s) and stopping\n", sig,
-               static_cast<long long>(*drain));
+  strata::log::Info("drain", {{"worker", flags.Get("name", address)}, {"signal", sig}, {"timeout_s", *drain}});
   {
     std::lock_guard<std::mutex> l(health_mu);
     health->SetAll(false);
@@ -178,12 +197,14 @@ int main(int argc, char** argv) {
   std::thread([set] {  // a second signal exits at once
     int again = 0;
     sigwait(&set, &again);
-    std::fprintf(stderr, "strata-worker: second signal %d, exiting now\n", again);
+    strata::log::Warn("exit_now", {{"signal", again}});
     std::_Exit(1);
   }).detach();
   registrar.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(*drain));
   server->Wait();
+  metrics_port->reset();
   host.reset();
+  strata::log::Info("stopped", {{"worker", flags.Get("name", address)}});
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/device_stage.h"
 #include "worker/stage_link.h"
@@ -75,6 +76,8 @@ void Registrar::Loop() {
       if (st.ok()) {
         worker_id = resp.worker_id();
         if (resp.heartbeat_interval_ms() > 0) interval_ms = resp.heartbeat_interval_ms();
+        log::Info("registered", {{"worker", options_.name}, {"worker_id", worker_id}, {"address", options_.address},
+                                 {"coordinator", options_.coordinator}});
       }
       continue;
     }
@@ -85,7 +88,11 @@ void Registrar::Loop() {
     hb.set_sequences(stats.sequences());
     v1::HeartbeatResponse resp;
     grpc::Status st = stub->Heartbeat(&ctx, hb, &resp);
-    if (st.ok() && !resp.known()) worker_id.clear();
+    if (st.ok() && !resp.known()) {
+      log::Warn("unknown_to_coordinator", {{"worker", options_.name}, {"worker_id", worker_id},
+                                           {"coordinator", options_.coordinator}});
+      worker_id.clear();  // registers again
+    }
   }
 }
 

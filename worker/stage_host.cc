@@ -1,5 +1,6 @@
 #include "worker/stage_host.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <chrono>
@@ -7,12 +8,24 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace strata::worker {
 namespace {
 
 constexpr int kPageTokens = 64;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+StepKind KindOf(const v1::StageBatch& h) {
+  if (h.chunks_size() == 0) return StepKind::kFree;
+  bool prompt = false, other = false;
+  for (const auto& c : h.chunks()) (c.prompt() ? prompt : other) = true;
+  return prompt && other ? StepKind::kMixed : prompt ? StepKind::kPrefill : StepKind::kDecode;
+}
 
 SamplingParams FromProto(const v1::StageSampling& s) {
   SamplingParams p;
@@ -30,7 +43,11 @@ SamplingParams FromProto(const v1::StageSampling& s) {
 
 }  // namespace
 
-StageHost::StageHost(StageHostOptions options) : options_(std::move(options)) {
+StageHost::StageHost(StageHostOptions options)
+    : options_(std::move(options)),
+      own_metrics_(options_.metrics == nullptr ? std::make_unique<metrics::Registry>() : nullptr),
+      metrics_(options_.metrics != nullptr ? options_.metrics : own_metrics_.get()) {
+  metrics_.SetGauges(-1, {});
   compute_ = std::thread([this] { ComputeLoop(); });
 }
 
@@ -92,7 +109,26 @@ absl::Status CheckModelRoot(const std::string& model_dir, const std::string& roo
   return absl::OkStatus();
 }
 
+int StageHost::MetricsStage() {
+  std::lock_guard<std::mutex> l(mu_);
+  return MetricsStageLocked();
+}
+
 absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLayersResponse* resp) {
+  absl::Status st = AssignImpl(req, resp);
+  if (st.ok()) {
+    log::Info("assign", {{"worker", options_.name}, {"stage", req.stage()}, {"stages", req.num_stages()},
+                         {"layer_begin", req.layer_begin()}, {"layer_end", req.layer_end()}, {"epoch", req.epoch()},
+                         {"load_ms", resp->load_ms()}});
+  } else {
+    metrics_.CountError(MetricsStage(), "assign", st.code());
+    log::Error("assign_failed", {{"worker", options_.name}, {"stage", req.stage()}, {"epoch", req.epoch()},
+                                 {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
+  }
+  return st;
+}
+
+absl::Status StageHost::AssignImpl(const v1::AssignLayersRequest& req, v1::AssignLayersResponse* resp) {
   RETURN_IF_ERROR(ValidateAssignment(req));
   RETURN_IF_ERROR(CheckModelRoot(req.model_dir(), options_.model_root));
   const auto t0 = std::chrono::steady_clock::now();
@@ -143,7 +179,7 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
   }
   std::unique_ptr<StageLink> old_link;
   std::deque<Work> dropped;
-  std::map<uint64_t, std::shared_ptr<ResultSink>> orphaned;
+  std::map<uint64_t, Pending> orphaned;
   std::shared_ptr<KvStoreClient> old_kvstore;
   std::map<uint64_t, Seq> old_seqs;
   {
@@ -175,7 +211,7 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
   old_seqs.clear();     // their appenders drain in the background
   old_kvstore.reset();  // waits briefly for its appenders
   for (auto& w : dropped) Fail(w.sink, w.batch.header.batch_id(), absl::AbortedError("the stage was re-assigned"), req.stage());
-  for (auto& [id, sink] : orphaned) Fail(sink, id, absl::AbortedError("the stage was re-assigned"), req.stage());
+  for (auto& [id, p] : orphaned) Fail(p.sink, id, absl::AbortedError("the stage was re-assigned"), req.stage());
   resp->set_load_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();
 }
@@ -183,8 +219,9 @@ absl::Status StageHost::Assign(const v1::AssignLayersRequest& req, v1::AssignLay
 void StageHost::Submit(Batch batch, std::shared_ptr<ResultSink> sink) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    queue_.push_back({std::move(batch), std::move(sink)});
+    queue_.push_back({std::move(batch), std::move(sink), Clock::now()});
     stats_.set_queue_depth(static_cast<int64_t>(queue_.size()));
+    metrics_.SetQueueDepth(MetricsStageLocked(), stats_.queue_depth());
   }
   cv_.notify_one();
 }
@@ -199,6 +236,7 @@ void StageHost::ComputeLoop() {
       w = std::move(queue_.front());
       queue_.pop_front();
       stats_.set_queue_depth(static_cast<int64_t>(queue_.size()));
+      metrics_.SetQueueDepth(MetricsStageLocked(), stats_.queue_depth());
     }
     RunBatch(w);
   }
@@ -220,23 +258,33 @@ void StageHost::RunBatch(Work& w) {
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_step_delay_ms));
   }
   std::unique_lock<std::mutex> s(state_mu_);
+  const Clock::time_point t0 = Clock::now();
   const int stage = request_.stage();
   const uint64_t id = w.batch.header.batch_id();
   if (!loaded()) {
+    metrics_.CountError(-1, "batch", absl::StatusCode::kFailedPrecondition);
     Fail(w.sink, id, absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned")), stage);
     return;
   }
+  const StageMetrics::Series* m = metrics_.ForStage(stage);
   if (w.batch.header.epoch() != request_.epoch()) {
+    metrics_.CountError(stage, "batch", absl::StatusCode::kAborted);
     Fail(w.sink, id, absl::AbortedError(absl::StrCat("batch of epoch ", w.batch.header.epoch(), " reached stage ",
                                                      stage, " of epoch ", request_.epoch())), stage);
     return;
   }
+  const StepKind kind = KindOf(w.batch.header);
+  const int rows = w.batch.header.total_rows(), chunks = w.batch.header.chunks_size();
   std::vector<uint64_t> frees(w.batch.header.free_seq_ids().begin(), w.batch.header.free_seq_ids().end());
   if (!frees.empty()) FreeLocked(frees, false);
   v1::StageResult result;
   result.set_batch_id(id);
-  if (w.batch.header.chunks_size() > 0) {
+  if (chunks > 0) {
     if (absl::Status st = Compute(w.batch, &result); !st.ok()) {
+      m->busy_seconds->Inc(Seconds(Clock::now() - t0));
+      metrics_.CountError(stage, "batch", st.code());
+      log::Warn("batch_failed", {{"worker", options_.name}, {"stage", stage}, {"batch_id", id},
+                                 {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
       Fail(w.sink, id, st, stage);
       // The rows after this stage will never arrive: forget the batch's
       // sequences here so that a retry starts from a known state.
@@ -246,6 +294,12 @@ void StageHost::RunBatch(Work& w) {
       return;
     }
   }
+  m->busy_seconds->Inc(Seconds(Clock::now() - t0));
+  m->steps[static_cast<int>(kind)]->Inc();
+  if (chunks > 0) {
+    m->batch_rows->Observe(rows);
+    m->batch_sequences->Observe(chunks);
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     stats_.set_batches(stats_.batches() + 1);
@@ -253,9 +307,13 @@ void StageHost::RunBatch(Work& w) {
   }
   if (last_stage()) {
     if (id != 0) w.sink->Send(std::move(result));
+    m->hop_seconds->Observe(Seconds(Clock::now() - w.received));
     return;
   }
   if (absl::Status st = EnsureLinkLocked(); !st.ok()) {
+    metrics_.CountError(stage, "downstream", st.code());
+    log::Warn("downstream_unreachable", {{"worker", options_.name}, {"stage", stage}, {"batch_id", id},
+                                         {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
     Fail(w.sink, id, st, stage + 1);
     return;
   }
@@ -263,20 +321,23 @@ void StageHost::RunBatch(Work& w) {
   header.set_hidden_size(header.chunks_size() > 0 ? config().hidden_size : 0);
   if (id != 0) {
     std::lock_guard<std::mutex> l(mu_);
-    pending_[id] = w.sink;
+    pending_[id] = Pending{w.sink, Clock::now(), m};
   }
   if (absl::Status st = link_->Send(header, w.batch.hidden.data(), options_.max_chunk_bytes); !st.ok()) {
+    metrics_.CountError(stage, "downstream", st.code());
     std::shared_ptr<ResultSink> sink;
     {
       std::lock_guard<std::mutex> l(mu_);
       auto it = pending_.find(id);
       if (it != pending_.end()) {
-        sink = it->second;
+        sink = it->second.sink;
         pending_.erase(it);
       }
     }
     if (sink) Fail(sink, id, st, stage + 1);
+    return;
   }
+  m->hop_seconds->Observe(Seconds(Clock::now() - w.received));
 }
 
 absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
@@ -329,13 +390,7 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   if (device_) {
     std::vector<DeviceChunk> chunks;
     for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].dev.get(), chunk_tokens[i]});
-    if (absl::Status st = device_->Run(chunks, &batch.hidden); !st.ok()) {
-      if (st.code() == absl::StatusCode::kResourceExhausted) {
-        std::fprintf(stderr, "%s: batch %llu refused: %s\n", options_.name.c_str(),
-                     static_cast<unsigned long long>(h.batch_id()), std::string(st.message()).c_str());
-      }
-      return st;
-    }
+    RETURN_IF_ERROR(device_->Run(chunks, &batch.hidden));  // RunBatch logs a failure
   } else {
     std::vector<SeqChunk> chunks;
     for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].kv.get(), chunk_tokens[i]});
@@ -450,19 +505,20 @@ absl::Status StageHost::EnsureLinkLocked() {
 }
 
 void StageHost::OnDownstreamResult(v1::StageResult&& r) {
-  std::shared_ptr<ResultSink> sink;
+  Pending p;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = pending_.find(r.batch_id());
     if (it == pending_.end()) return;
-    sink = std::move(it->second);
+    p = std::move(it->second);
     pending_.erase(it);
   }
-  sink->Send(std::move(r));
+  p.series->downstream_seconds->Observe(Seconds(Clock::now() - p.sent));
+  p.sink->Send(std::move(r));
 }
 
 void StageHost::OnDownstreamBroken(uint64_t gen, const absl::Status& st) {
-  std::map<uint64_t, std::shared_ptr<ResultSink>> pending;
+  std::map<uint64_t, Pending> pending;
   int stage = 0;
   {
     // Runs on the link's reader thread: never take state_mu_ here (the
@@ -471,7 +527,14 @@ void StageHost::OnDownstreamBroken(uint64_t gen, const absl::Status& st) {
     pending.swap(pending_);
     stage = static_cast<int>(stats_.stage()) + 1;
   }
-  for (auto& [id, sink] : pending) Fail(sink, id, st, stage);
+  if (!pending.empty()) {
+    log::Warn("downstream_broken", {{"worker", options_.name}, {"stage", stage - 1}, {"batches", pending.size()},
+                                    {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
+  }
+  for (auto& [id, p] : pending) {
+    metrics_.CountError(stage - 1, "downstream", st.code());
+    Fail(p.sink, id, st, stage);
+  }
   std::lock_guard<std::mutex> l(mu_);
   broken_generation_ = gen;  // EnsureLinkLocked replaces the link
 }
@@ -521,6 +584,21 @@ absl::Status StageHost::PersistLocked(const v1::StageChunk& c, const std::vector
 }
 
 absl::Status StageHost::LoadSession(const v1::LoadSessionRequest& req, v1::LoadSessionResponse* resp) {
+  const Clock::time_point t0 = Clock::now();
+  absl::Status st = LoadSessionImpl(req, resp);
+  const int stage = MetricsStage();
+  if (st.ok()) {
+    log::Info("session_load", {{"worker", options_.name}, {"stage", stage}, {"session_id", req.session_id()},
+                               {"tokens", resp->tokens()}, {"persist", req.persist()}, {"ms", Ms(Clock::now() - t0)}});
+  } else {
+    metrics_.CountError(stage, "load_session", st.code());
+    log::Warn("session_load_failed", {{"worker", options_.name}, {"stage", stage}, {"session_id", req.session_id()},
+                                      {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
+  }
+  return st;
+}
+
+absl::Status StageHost::LoadSessionImpl(const v1::LoadSessionRequest& req, v1::LoadSessionResponse* resp) {
   if (req.session_id().empty() || req.tokens() < 0 || req.tokens() > (int64_t{1} << 31) ||
       (req.persist() && req.append_from() < req.tokens())) {
     return absl::InvalidArgumentError(absl::StrCat("LoadSession needs a session id, 0 <= tokens and, with persist, ",
@@ -607,6 +685,20 @@ void StageHost::UpdateStatsLocked() {
   }
   stats_.set_kv_pages(pages);
   stats_.set_kv_bytes(bytes);
+  StageMetrics::Gauges g;
+  g.kv_pages_used = pages;
+  g.kv_bytes_used = bytes;
+  g.sequences = static_cast<int64_t>(seqs_.size());
+  g.queue_depth = static_cast<int64_t>(queue_.size());
+  g.ready = ready_ && loaded();
+  if (device_ && device_->page_bytes() > 0) {
+    // The pool holds kv_cache_bytes of page ids; each id is a page of every layer.
+    int64_t ids_used = 0;
+    for (const auto& [id, s] : seqs_) ids_used += s.dev ? s.dev->num_pages() : 0;
+    const int64_t ids = options_.gpu_options.kv_cache_bytes / device_->page_bytes();
+    g.kv_pages_free = std::max<int64_t>(0, ids - ids_used) * (request_.layer_end() - request_.layer_begin());
+  }
+  metrics_.SetGauges(request_.epoch() > 0 ? request_.stage() : -1, g);
   if (loaded()) stats_.set_weight_bytes(static_cast<int64_t>(weight_bytes()));
   if (kvstore_) stats_.set_kv_rows_persisted(kvstore_->rows_committed());
 }

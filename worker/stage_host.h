@@ -11,6 +11,10 @@
 // at once. Results coming back from the next stage are passed to the sink
 // that sent the batch.
 //
+// Metrics (worker/stage_metrics.h, docs/metrics.md §3) go to the registry of
+// StageHostOptions; events (assignments, session loads, failed batches) to
+// the structured log (common/log.h).
+//
 // Thread-safety: all public methods are thread-safe. Assign() waits for the
 // batch being computed and replaces the whole state (sequences of an older
 // epoch are dropped). Locks: state_mu_ (engine and sequences; held by the
@@ -19,6 +23,7 @@
 #ifndef STRATA_WORKER_STAGE_HOST_H_
 #define STRATA_WORKER_STAGE_HOST_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -29,6 +34,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/metrics.h"
 #include "common/thread_pool.h"
 #include "grpcpp/security/credentials.h"
 #include "model/engine.h"
@@ -37,6 +43,7 @@
 #include "worker/device_stage.h"
 #include "worker/kv_persist.h"
 #include "worker/stage_link.h"
+#include "worker/stage_metrics.h"
 #include "worker/stage_wire.h"
 
 namespace strata::worker {
@@ -69,6 +76,9 @@ struct StageHostOptions {
   std::string model_root;
   // Opens the stream to the next stage (tests pass a fake); empty: gRPC.
   StageDialer dialer;
+  // Where the stage's metrics go (docs/metrics.md §3); null: a registry of
+  // the host's own (metrics_registry()). REQUIRES: outlives the host.
+  metrics::Registry* metrics = nullptr;
 };
 
 // INVALID_ARGUMENT unless 0 <= layer_begin < layer_end, 0 <= stage <
@@ -112,6 +122,8 @@ class StageHost {
   v1::WorkerStatsResponse Stats();
   int64_t epoch();
   bool ready();
+  // The registry holding the stage's series (options.metrics or the host's own).
+  metrics::Registry* metrics_registry() const { return metrics_.registry(); }
 
  private:
   struct Seq {
@@ -129,7 +141,20 @@ class StageHost {
   struct Work {
     Batch batch;
     std::shared_ptr<ResultSink> sink;
+    std::chrono::steady_clock::time_point received;  // Submit
   };
+  // A batch sent downstream, waiting for its result.
+  struct Pending {
+    std::shared_ptr<ResultSink> sink;
+    std::chrono::steady_clock::time_point sent;
+    const StageMetrics::Series* series;
+  };
+  absl::Status AssignImpl(const v1::AssignLayersRequest& request, v1::AssignLayersResponse* response);
+  absl::Status LoadSessionImpl(const v1::LoadSessionRequest& request, v1::LoadSessionResponse* response);
+  // The stage the metrics name: the assigned one, -1 before the first
+  // assignment. REQUIRES: mu_ held.
+  int MetricsStageLocked() const { return epoch_ > 0 ? static_cast<int>(stats_.stage()) : -1; }
+  int MetricsStage();
 
   void ComputeLoop();
   void RunBatch(Work& w);
@@ -155,6 +180,8 @@ class StageHost {
   }
 
   const StageHostOptions options_;
+  std::unique_ptr<metrics::Registry> own_metrics_;  // when options_.metrics is null
+  StageMetrics metrics_;
 
   std::mutex state_mu_;  // engine_, seqs_, request_, link_
   std::unique_ptr<Engine> engine_;
@@ -172,7 +199,7 @@ class StageHost {
   std::condition_variable cv_;
   std::deque<Work> queue_;
   bool stop_ = false;
-  std::map<uint64_t, std::shared_ptr<ResultSink>> pending_;  // batches sent downstream
+  std::map<uint64_t, Pending> pending_;  // batches sent downstream
   v1::WorkerStatsResponse stats_;
   int64_t epoch_ = 0;
   uint64_t broken_generation_ = ~uint64_t{0};  // link generation that broke

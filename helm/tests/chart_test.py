@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docs_check
 import harness
-from checks import check, grpc_name_matches, COORD, COORD_INTERNAL, WORKER
+from checks import check, grpc_name_matches, COORD, COORD_INTERNAL, KVSTORE, WORKER
 
 
 def containers(docs, kind, name):
@@ -118,6 +118,21 @@ def _ordered(d):
         "podManagementPolicy"] = "OrderedReady"
 
 
+def _worker_metrics_port(d):
+    _, c = containers(d, "StatefulSet", WORKER)
+    c["ports"] = [p for p in c["ports"] if p["name"] != "metrics"]
+
+
+def _kvstore_metrics_flag(d):
+    _, c = containers(d, "StatefulSet", KVSTORE)
+    c["args"] = [a for a in c["args"] if not a.startswith("--metrics-listen=")]
+
+
+def _worker_metrics_ready_only(d):
+    next(x for x in d if x["kind"] == "Service" and x["metadata"]["name"] == f"{WORKER}-metrics")["spec"].pop(
+        "publishNotReadyAddresses")
+
+
 def _label(d):
     d[0]["metadata"]["labels"].pop("app.kubernetes.io/part-of")
 
@@ -142,6 +157,9 @@ MUTATIONS = [
     (_wrong_secret, "from Secret other"),
     (_ordered, "podManagementPolicy"),
     (_label, "app.kubernetes.io/part-of missing"),
+    (_worker_metrics_port, "no metrics container port"),
+    (_kvstore_metrics_flag, f"StatefulSet {KVSTORE}: --metrics-listen"),
+    (_worker_metrics_ready_only, "publish not-ready workers"),
 ]
 
 

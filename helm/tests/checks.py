@@ -29,8 +29,8 @@ FLAGS = {
                                    "kv-dtype", "down-after-ms", "placement", "http-listen", "http-threads",
                                    "served-model-name", "metrics-listen"},
     "worker": COMMON_FLAGS | {"coordinator", "listen", "advertise", "name", "model-root", "device", "gpu",
-                              "gpu-kv-bytes", "threads"},
-    "kvstore": COMMON_FLAGS | {"dir", "listen", "commit-threads"},
+                              "gpu-kv-bytes", "threads", "metrics-listen"},
+    "kvstore": COMMON_FLAGS | {"dir", "listen", "commit-threads", "metrics-listen"},
 }
 SWITCHES = {"insecure-cluster", "insecure-public", "allow-unauthenticated"}
 READINESS_SERVICE = {"coordinator": "strata.v1.Generation", "worker": "strata.v1.Worker",
@@ -52,6 +52,23 @@ class Checker:
         if not cond:
             self.errors.append(msg)
         return bool(cond)
+
+    def metrics_components(self):
+        """The workloads whose /metrics the chart serves: their metrics Services are NAME-metrics."""
+        m = self.v["metrics"]
+        if not m["enabled"]:
+            return []
+        return [COORD] + ([WORKER] if m["workers"] else []) + ([KVSTORE] if m["kvstore"] and self.v["kvstore"]["enabled"] else [])
+
+    def metrics_flag(self, where, flags, ports, workload):
+        """--metrics-listen and the container port `metrics` exactly when the workload serves metrics."""
+        v = self.v
+        if workload in self.metrics_components():
+            self.expect(flags.get("metrics-listen") == f'0.0.0.0:{v["ports"]["metrics"]}', f"{where}: --metrics-listen")
+            self.expect(v["ports"]["metrics"] in ports, f"{where}: no metrics container port")
+        else:
+            self.expect("metrics-listen" not in flags, f"{where}: --metrics-listen with its metrics off")
+            self.expect(v["ports"]["metrics"] not in ports, f"{where}: a metrics port with its metrics off")
 
     def find(self, kind, name):
         hits = [d for d in self.docs if d.get("kind") == kind and d["metadata"]["name"] == name]
@@ -118,10 +135,10 @@ class Checker:
             want.add(("PodDisruptionBudget", COORD))
         if self.auth() and v["auth"]["tokens"]:
             want.add(("Secret", f"{FULL}-api-tokens"))
-        if v["metrics"]["enabled"]:
-            want.add(("Service", f"{COORD}-metrics"))
+        for name in self.metrics_components():
+            want.add(("Service", f"{name}-metrics"))
             if v["metrics"]["serviceMonitor"]["enabled"]:
-                want.add(("ServiceMonitor", COORD))
+                want.add(("ServiceMonitor", name))
         if v["metrics"]["dashboard"]["enabled"]:
             want.add(("ConfigMap", f"{FULL}-dashboard"))
         have = [(d["kind"], d["metadata"]["name"]) for d in self.docs]
@@ -343,45 +360,64 @@ class Checker:
             self.expect(v["ports"]["http"] in ports, f"{where}: no http container port")
         else:
             self.expect(not {"http-listen", "http-threads", "served-model-name"} & set(flags), f"{where}: --http-* with http off")
-        if v["metrics"]["enabled"]:
-            self.expect(flags.get("metrics-listen") == f'0.0.0.0:{v["ports"]["metrics"]}', f"{where}: --metrics-listen")
-            self.expect(v["ports"]["metrics"] in ports, f"{where}: no metrics container port")
-        else:
-            self.expect("metrics-listen" not in flags, f"{where}: --metrics-listen with metrics off")
+        self.metrics_flag(where, flags, ports, COORD)
         self.resources(where, c, cv["resources"])
 
     def monitoring(self):
-        """The metrics Service, the ServiceMonitor that scrapes it and the dashboard ConfigMap."""
+        """The metrics Services, the ServiceMonitors that scrape them and the dashboard ConfigMap."""
         v = self.v
-        svc = self.find("Service", f"{COORD}-metrics")
-        if svc:
-            ports = svc["spec"]["ports"]
-            self.expect(ports == [{"name": "metrics", "port": v["ports"]["metrics"], "targetPort": "metrics",
-                                   "protocol": "TCP"}], f"metrics Service ports {ports}")
-            self.expect(svc["spec"]["type"] == "ClusterIP", "the metrics Service must stay inside the cluster")
-            pods = self.pods_of(svc["spec"].get("selector"))
-            self.expect([p[1] for p in pods] == [COORD], f"metrics Service selects {[p[1] for p in pods]}")
-        sm = self.find("ServiceMonitor", COORD)
-        if sm:
-            sel = sm["spec"]["selector"]["matchLabels"]
-            self.expect(svc is not None and all(svc["metadata"]["labels"].get(k) == x for k, x in sel.items()),
-                        "the ServiceMonitor does not select the metrics Service")
-            pub = self.find("Service", COORD)
-            self.expect(pub is None or not all(pub["metadata"]["labels"].get(k) == x for k, x in sel.items()),
-                        "the ServiceMonitor also selects the public Service")
-            ep = sm["spec"]["endpoints"]
-            self.expect(len(ep) == 1 and ep[0]["port"] == "metrics" and ep[0]["path"] == "/metrics"
-                        and ep[0]["interval"] == v["metrics"]["serviceMonitor"]["interval"], f"ServiceMonitor endpoints {ep}")
-            for k, x in v["metrics"]["serviceMonitor"]["labels"].items():
-                self.expect(sm["metadata"]["labels"].get(k) == x, f"ServiceMonitor label {k}")
+        for workload in self.metrics_components():
+            svc = self.find("Service", f"{workload}-metrics")
+            where = f"Service {workload}-metrics"
+            if svc:
+                ports = svc["spec"]["ports"]
+                self.expect(ports == [{"name": "metrics", "port": v["ports"]["metrics"], "targetPort": "metrics",
+                                       "protocol": "TCP"}], f"{where}: ports {ports}")
+                self.expect(svc["spec"].get("type", "ClusterIP") == "ClusterIP",
+                            f"{where}: a metrics Service must stay inside the cluster")
+                pods = self.pods_of(svc["spec"].get("selector"))
+                self.expect([p[1] for p in pods] == [workload], f"{where} selects {[p[1] for p in pods]}")
+                if workload == WORKER:
+                    # One endpoint per worker pod, also while it loads its layers.
+                    self.expect(svc["spec"].get("clusterIP") == "None" and svc["spec"].get("publishNotReadyAddresses"),
+                                f"{where}: must be headless and publish not-ready workers")
+                    self.expect(self.find("Service", WORKER) is None or
+                                not any(p["name"] == "metrics" for p in self.find("Service", WORKER)["spec"]["ports"]),
+                                f"Service {WORKER} exposes the metrics port")
+            sm = self.find("ServiceMonitor", workload)
+            if sm:
+                sel = sm["spec"]["selector"]["matchLabels"]
+                self.expect(svc is not None and all(svc["metadata"]["labels"].get(k) == x for k, x in sel.items()),
+                            f"ServiceMonitor {workload} does not select {where}")
+                others = [d["metadata"]["name"] for d in self.docs if d["kind"] == "Service" and d is not svc
+                          and all((d["metadata"].get("labels") or {}).get(k) == x for k, x in sel.items())]
+                self.expect(not others, f"ServiceMonitor {workload} also selects {others}")
+                ep = sm["spec"]["endpoints"]
+                self.expect(len(ep) == 1 and ep[0]["port"] == "metrics" and ep[0]["path"] == "/metrics"
+                            and ep[0]["interval"] == v["metrics"]["serviceMonitor"]["interval"],
+                            f"ServiceMonitor {workload} endpoints {ep}")
+                for k, x in v["metrics"]["serviceMonitor"]["labels"].items():
+                    self.expect(sm["metadata"]["labels"].get(k) == x, f"ServiceMonitor {workload} label {k}")
         cm = self.find("ConfigMap", f"{FULL}-dashboard")
         if cm:
             try:
                 dash = json.loads(cm["data"]["strata.json"])
                 exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
                 for name in ("strata_requests_total", "strata_time_to_first_token_seconds",
-                             "strata_inter_token_latency_seconds", "strata_stage_kv_pages_used"):
+                             "strata_inter_token_latency_seconds", "strata_stage_kv_pages_used",
+                             "strata_worker_busy_seconds_total", "strata_worker_steps_total",
+                             "strata_worker_hop_seconds_bucket", "strata_worker_downstream_seconds_bucket",
+                             "strata_worker_kv_pages_used", "strata_worker_kv_pages_free",
+                             "strata_worker_batch_rows_sum", "strata_worker_batch_sequences_sum",
+                             "strata_worker_errors_total", "strata_worker_sequences",
+                             "strata_kvstore_append_seconds_bucket", "strata_kvstore_fsync_seconds_bucket",
+                             "strata_kvstore_appended_bytes_total", "strata_kvstore_read_bytes_total",
+                             "strata_kvstore_sessions_open", "strata_kvstore_sessions_stored",
+                             "strata_kvstore_rpcs_total"):
                     self.expect(name in exprs, f"the dashboard does not plot {name}")
+                variables = {t["name"] for t in dash["templating"]["list"]}
+                for var in re.findall(r"\$([a-z_]+)", exprs):
+                    self.expect(var.startswith("__") or var in variables, f"the dashboard uses ${var}, never defined")
             except (KeyError, ValueError) as e:
                 self.expect(False, f"the dashboard ConfigMap does not hold the dashboard JSON: {e}")
             for k, x in v["metrics"]["dashboard"]["labels"].items():
@@ -441,6 +477,7 @@ class Checker:
         self.expect(flags.get("name") == "$(POD_NAME)", f"{where}: --name")
         self.expect(port in ports, f"{where}: worker port")
         self.expect(flags.get("threads") == str(w["threads"]), f"{where}: --threads")
+        self.metrics_flag(where, flags, ports, WORKER)
         env = {e["name"]: e for e in c.get("env", [])}
         self.expect("POD_NAME" in env, f"{where}: $(POD_NAME) is used but not defined")
         for k, val in w["nccl"].items():
@@ -483,6 +520,7 @@ class Checker:
         self.expect(flags.get("listen") == f'0.0.0.0:{v["ports"]["kvstore"]}', f"{where}: --listen")
         self.expect(v["ports"]["kvstore"] in ports, f"{where}: container port")
         self.expect(flags.get("commit-threads") == str(k["commitThreads"]), f"{where}: --commit-threads")
+        self.metrics_flag(where, flags, ports, KVSTORE)
         if not self.expect(len(claims) == 1, f"{where}: {len(claims)} volumeClaimTemplates"):
             return
         claim = claims[0]

@@ -207,6 +207,13 @@ EXTRA_CASES = [
         "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
                     "dashboard": {"enabled": True}},
     }),
+    ("metrics: ServiceMonitors of the coordinator and 4 workers in a LeaderWorkerSet, KV store metrics off", {
+        "workers": {"count": 4, "leaderWorkerSet": {"enabled": True, "size": 2}},
+        "metrics": {"kvstore": False, "serviceMonitor": {"enabled": True}},
+    }),
+    ("metrics: the coordinator's only, with its ServiceMonitor", {
+        "metrics": {"workers": False, "kvstore": False, "serviceMonitor": {"enabled": True}},
+    }),
     ("no metrics port, HTTP API with a served model name", {
         "metrics": {"enabled": False},
         "http": {"threads": 256, "servedModelName": "deepseek-v3"},

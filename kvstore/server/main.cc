@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_security.h"
 #include "common/flags.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "kvstore/env.h"
 #include "kvstore/server/server.h"
@@ -34,6 +35,7 @@ absl::StatusOr<strata::kv::ServerOptions> OptionsFromFlags(const strata::FlagSet
   strata::kv::ServerOptions o;
   o.listen_address = flags.Get("listen", "0.0.0.0:50070");
   o.health_listen = flags.Get("health-listen");
+  o.metrics_listen = flags.Get("metrics-listen");
   o.store.dir = flags.Get("dir");
   if (o.store.dir.empty()) return absl::InvalidArgumentError("--dir is required");
   auto threads = flags.GetInt("commit-threads", o.store.commit_threads);
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
   flags.Declare("dir", "directory holding the session files (created when missing)");
   flags.Declare("listen", "address to serve strata.v1.KVStore on (default 0.0.0.0:50070; port 0 picks a free port)");
   flags.Declare("health-listen", "plaintext address serving only grpc.health.v1, for probes (default: none)");
+  flags.Declare("metrics-listen", "plaintext address serving only GET /metrics, for Prometheus (default: none)");
   flags.Declare("port-file", "write the bound port to this file once serving (for --listen=...:0)");
   flags.Declare("commit-threads", "threads running group commits (default 4)");
   flags.Declare("max-open-sessions", "idle sessions kept open, i.e. file handles (default 256)");
@@ -89,6 +92,7 @@ int main(int argc, char** argv) {
     std::printf("%s%s", kUsage, flags.Help().c_str());
     return 0;
   }
+  strata::log::Configure({"strata-kvstore", nullptr});
   absl::StatusOr<strata::kv::ServerOptions> options = OptionsFromFlags(flags);
   if (!options.ok()) return Usage(std::string(options.status().message()), flags);
 
@@ -101,12 +105,19 @@ int main(int argc, char** argv) {
 
   auto server = strata::kv::KvStoreServer::Start(strata::kv::Env::Default(), *options);
   if (!server.ok()) {
-    std::fprintf(stderr, "strata-kvstore: %s\n", server.status().ToString().c_str());
+    strata::log::Error("start_failed", {{"dir", options->store.dir},
+                                        {"code", absl::StatusCodeToString(server.status().code())},
+                                        {"error", server.status().message()}});
     return 1;
   }
-  std::fprintf(stderr, "strata-kvstore: serving %s on port %d%s\n", options->store.dir.c_str(), (*server)->port(),
-               (*server)->health_port() > 0 ? absl::StrCat(", health on port ", (*server)->health_port()).c_str()
-                                            : "");
+  if ((*server)->metrics_port() != 0) {
+    const std::string& ml = options->metrics_listen;
+    std::printf("metrics %s:%d\n", ml.substr(0, ml.rfind(':')).c_str(), (*server)->metrics_port());
+    std::fflush(stdout);
+  }
+  strata::log::Info("listening", {{"dir", options->store.dir}, {"port", (*server)->port()},
+                                  {"health_port", (*server)->health_port()},
+                                  {"metrics_port", (*server)->metrics_port()}});
   const std::string port_file = flags.Get("port-file");
   if (!port_file.empty()) {
     // Written to a temporary name and renamed, so readers never see half a number.
@@ -116,21 +127,21 @@ int main(int argc, char** argv) {
       out << (*server)->port() << "\n";
     }
     if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      std::fprintf(stderr, "strata-kvstore: cannot write %s\n", port_file.c_str());
+      strata::log::Error("port_file_failed", {{"path", port_file}});
       return 1;
     }
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  std::fprintf(stderr, "strata-kvstore: signal %d, draining (up to %lld s) and shutting down\n", sig,
-               static_cast<long long>(absl::ToInt64Seconds(options->drain_timeout)));
+  strata::log::Info("drain", {{"signal", sig}, {"timeout_s", absl::ToInt64Seconds(options->drain_timeout)}});
   // A second signal exits at once (the rows already acknowledged are durable).
   std::thread([signals] {
     int again = 0;
     sigwait(&signals, &again);
-    std::fprintf(stderr, "strata-kvstore: second signal %d, exiting now\n", again);
+    strata::log::Warn("exit_now", {{"signal", again}});
     std::_Exit(1);
   }).detach();
   (*server)->Shutdown();
+  strata::log::Info("stopped");
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,7 +36,8 @@ std::optional<ModelIdentity> ExpectedModel(const Request& r) {
 
 class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, AppendResponse> {
  public:
-  explicit AppendReactor(Store* store) : store_(store), listener_(std::make_shared<Listener>(this)) {
+  AppendReactor(Store* store, KvStoreMetrics* metrics)
+      : store_(store), metrics_(metrics), listener_(std::make_shared<Listener>(this)) {
     StartRead(&request_);
   }
 
@@ -75,7 +77,7 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
     }
     if (finish.has_value()) {
       CloseWriter();
-      Finish(*finish);
+      Done(*finish);
       return;
     }
     Pump();
@@ -173,7 +175,11 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
     const strata::v1::AppendRows& rows = request_.rows();
     const std::span<const int32_t> tokens(rows.token_ids().data(),
                                           static_cast<size_t>(rows.token_ids_size()));
-    return session->Write(writer, rows.position(), tokens, rows.rows());
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = session->Write(writer, rows.position(), tokens, rows.rows());
+    metrics_->append_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (s.ok()) metrics_->bytes_appended->Inc(static_cast<double>(rows.rows().size()));
+    return s;
   }
 
   void HandleCommitted(int64_t nrec) {
@@ -227,7 +233,7 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
       StartWrite(&response_);
     } else if (finish) {
       CloseWriter();
-      Finish(finish_status);
+      Done(finish_status);
     }
   }
 
@@ -242,6 +248,13 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
       }
     }
     CloseWriter();
+    Done(status);
+  }
+
+  // Finish, counted.
+  void Done(const grpc::Status& status) {
+    metrics_->Rpc("Append", status.error_code())->Inc();
+    LogRpcFailure("Append", status);
     Finish(status);
   }
 
@@ -260,6 +273,7 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
   }
 
   Store* const store_;
+  KvStoreMetrics* const metrics_;
   const std::shared_ptr<Listener> listener_;
   std::atomic<int> refs_{1};  // gRPC's, plus one per running notification
   AppendRequest request_;     // used by one read at a time
@@ -281,9 +295,10 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
 
 class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
  public:
-  LoadReactor(Store* store, const LoadRequest& req, int64_t default_chunk_bytes) {
+  LoadReactor(Store* store, KvStoreMetrics* metrics, const LoadRequest& req, int64_t default_chunk_bytes)
+      : metrics_(metrics) {
     if (absl::Status s = Init(store, req, default_chunk_bytes); !s.ok()) {
-      Finish(ToGrpc(s));
+      Done(ToGrpc(s));
       return;
     }
     Next();
@@ -291,7 +306,7 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
       return;
     }
     Next();
@@ -329,7 +344,7 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
 
   void Next() {
     if (pos_ >= stop_) {
-      Finish(grpc::Status::OK);
+      Done(grpc::Status::OK);
       return;
     }
     const int64_t k = std::min(per_chunk_, stop_ - pos_);
@@ -337,9 +352,10 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
     chunk_.Clear();
     absl::Status s = session_->Read(pos_, k, begin_, end_, &tokens, chunk_.mutable_rows());
     if (!s.ok()) {
-      Finish(ToGrpc(s));
+      Done(ToGrpc(s));
       return;
     }
+    metrics_->bytes_read->Inc(static_cast<double>(chunk_.rows().size()));
     chunk_.set_position(pos_);
     chunk_.mutable_token_ids()->Add(tokens.begin(), tokens.end());
     chunk_.set_nrec(nrec_);
@@ -347,6 +363,14 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
     StartWrite(&chunk_);
   }
 
+  // Finish, counted.
+  void Done(const grpc::Status& status) {
+    metrics_->Rpc("Load", status.error_code())->Inc();
+    LogRpcFailure("Load", status);
+    Finish(status);
+  }
+
+  KvStoreMetrics* const metrics_;
   std::shared_ptr<Session> session_;
   int32_t begin_ = 0, end_ = 0;
   int64_t nrec_ = 0, pos_ = 0, stop_ = 0, per_chunk_ = 1;
@@ -355,13 +379,13 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
 
 }  // namespace
 
-grpc::ServerBidiReactor<AppendRequest, AppendResponse>* NewAppendReactor(Store* store) {
-  return new AppendReactor(store);
+grpc::ServerBidiReactor<AppendRequest, AppendResponse>* NewAppendReactor(Store* store, KvStoreMetrics* metrics) {
+  return new AppendReactor(store, metrics);
 }
 
-grpc::ServerWriteReactor<LoadChunk>* NewLoadReactor(Store* store, const LoadRequest& req,
+grpc::ServerWriteReactor<LoadChunk>* NewLoadReactor(Store* store, KvStoreMetrics* metrics, const LoadRequest& req,
                                                     int64_t default_chunk_bytes) {
-  return new LoadReactor(store, req, default_chunk_bytes);
+  return new LoadReactor(store, metrics, req, default_chunk_bytes);
 }
 
 }  // namespace strata::kv

@@ -19,16 +19,20 @@
 #include <cstdint>
 
 #include "grpcpp/grpcpp.h"
+#include "kvstore/server/kv_metrics.h"
 #include "kvstore/store.h"
 #include "strata/v1/kvstore.grpc.pb.h"
 
 namespace strata::kv {
 
-// REQUIRES: store outlives the reactor. The reactor deletes itself in OnDone.
+// Both count the RPC when it finishes, Append the time and bytes of each
+// rows message, Load the bytes it sends (kv_metrics.h).
+// REQUIRES: store and metrics outlive the reactor. The reactor deletes itself
+// in OnDone.
 grpc::ServerBidiReactor<strata::v1::AppendRequest, strata::v1::AppendResponse>* NewAppendReactor(
-    Store* store);
+    Store* store, KvStoreMetrics* metrics);
 
-grpc::ServerWriteReactor<strata::v1::LoadChunk>* NewLoadReactor(Store* store,
+grpc::ServerWriteReactor<strata::v1::LoadChunk>* NewLoadReactor(Store* store, KvStoreMetrics* metrics,
                                                                const strata::v1::LoadRequest& req,
                                                                int64_t default_chunk_bytes);
 

@@ -11,8 +11,21 @@ namespace strata::kv {
 absl::StatusOr<std::unique_ptr<KvStoreServer>> KvStoreServer::Start(Env* env,
                                                                     const ServerOptions& options) {
   std::unique_ptr<KvStoreServer> s(new KvStoreServer);
-  ASSIGN_OR_RETURN(s->store_, Store::Open(env, options.store));
-  s->service_ = std::make_unique<KvStoreService>(s->store_.get(), options.service);
+  s->env_ = NewSyncTimingEnv(env, &s->metrics_);
+  ASSIGN_OR_RETURN(s->store_, Store::Open(s->env_.get(), options.store));
+  {
+    std::lock_guard<std::mutex> l(s->scrape_mu_);
+    s->scrape_store_ = s->store_.get();
+  }
+  KvStoreServer* self = s.get();
+  s->registry_.OnScrape([self] {
+    std::lock_guard<std::mutex> l(self->scrape_mu_);
+    if (self->scrape_store_ == nullptr) return;
+    self->metrics_.sessions_open->Set(static_cast<double>(self->scrape_store_->OpenSessions()));
+    absl::StatusOr<size_t> n = self->scrape_store_->StoredSessions();
+    if (n.ok()) self->metrics_.sessions_stored->Set(static_cast<double>(*n));
+  });
+  s->service_ = std::make_unique<KvStoreService>(s->store_.get(), options.service, &s->metrics_);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, options.credentials, &s->port_);
@@ -24,6 +37,7 @@ absl::StatusOr<std::unique_ptr<KvStoreServer>> KvStoreServer::Start(Env* env,
   }
   s->drain_timeout_ = options.drain_timeout;
   ASSIGN_OR_RETURN(s->health_, HealthPort::Start(options.health_listen, {s->server_->GetHealthCheckService()}));
+  ASSIGN_OR_RETURN(s->metrics_port_, MetricsPort::Start(options.metrics_listen, &s->registry_));
   s->health_->Set(kServiceName, true);
   s->health_->Set("", true);
   return s;
@@ -37,6 +51,10 @@ void KvStoreServer::Shutdown() {
       if (health_ != nullptr) health_->SetAll(false);
       server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(drain_timeout_));
       server_->Wait();
+    }
+    {
+      std::lock_guard<std::mutex> l(scrape_mu_);
+      scrape_store_ = nullptr;
     }
     store_.reset();  // last commit round of every session
   });

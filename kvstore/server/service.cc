@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "kvstore/server/reactors.h"
 
 namespace strata::kv {
@@ -13,9 +14,11 @@ namespace {
 
 using strata::v1::KvDims;
 
-// Runs `fn` (returning an absl::Status) and finishes the unary RPC with it.
+// Runs `fn` (returning an absl::Status), finishes the unary RPC with it and
+// counts it under `method`.
 template <typename Fn>
-grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* ctx, Fn&& fn) {
+grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* ctx, KvStoreMetrics* metrics, const char* method,
+                                   Fn&& fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s;
   try {
@@ -23,7 +26,10 @@ grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* ctx, Fn&& fn) {
   } catch (const std::exception& e) {  // never let a bad request take the server down
     s = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
   }
-  reactor->Finish(ToGrpc(s));
+  const grpc::Status status = ToGrpc(s);
+  metrics->Rpc(method, status.error_code())->Inc();
+  LogRpcFailure(method, status);
+  reactor->Finish(status);
   return reactor;
 }
 
@@ -41,6 +47,20 @@ void ToProto(const Dims& d, KvDims* out) {
 }
 
 }  // namespace
+
+void LogRpcFailure(std::string_view method, const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+    case grpc::StatusCode::NOT_FOUND:       // a lookup's answer
+    case grpc::StatusCode::ALREADY_EXISTS:  // a create's answer
+    case grpc::StatusCode::CANCELLED:       // the client went away
+      return;
+    default:
+      log::Warn("rpc_failed", {{"method", method},
+                               {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))},
+                               {"error", status.error_message()}});
+  }
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -68,7 +88,7 @@ void FillSessionInfo(const SessionInfo& info, strata::v1::SessionInfo* out) {
 grpc::ServerUnaryReactor* KvStoreService::CreateSession(grpc::CallbackServerContext* ctx,
                                                         const strata::v1::CreateSessionRequest* req,
                                                         strata::v1::SessionInfo* resp) {
-  return RunUnary(ctx, [&]() -> absl::Status {
+  return RunUnary(ctx, metrics_, "CreateSession", [&]() -> absl::Status {
     SessionSpec spec;
     spec.dims = FromProto(req->dims());
     spec.indexer_layers.assign(req->indexer_layers().begin(), req->indexer_layers().end());
@@ -77,6 +97,7 @@ grpc::ServerUnaryReactor* KvStoreService::CreateSession(grpc::CallbackServerCont
     spec.metadata.insert(req->metadata().begin(), req->metadata().end());
     absl::StatusOr<std::shared_ptr<Session>> s = store_->Create(req->session_id(), spec);
     if (!s.ok()) return s.status();
+    log::Info("session_create", {{"session_id", req->session_id()}, {"layers", spec.dims.n_layers}});
     FillSessionInfo((*s)->Info(), resp);
     return absl::OkStatus();
   });
@@ -84,16 +105,17 @@ grpc::ServerUnaryReactor* KvStoreService::CreateSession(grpc::CallbackServerCont
 
 grpc::ServerBidiReactor<strata::v1::AppendRequest, strata::v1::AppendResponse>*
 KvStoreService::Append(grpc::CallbackServerContext* ctx) {
-  return NewAppendReactor(store_);
+  return NewAppendReactor(store_, metrics_);
 }
 
 grpc::ServerUnaryReactor* KvStoreService::Truncate(grpc::CallbackServerContext* ctx,
                                                    const strata::v1::TruncateRequest* req,
                                                    strata::v1::TruncateResponse* resp) {
-  return RunUnary(ctx, [&]() -> absl::Status {
+  return RunUnary(ctx, metrics_, "Truncate", [&]() -> absl::Status {
     absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(req->session_id());
     if (!s.ok()) return s.status();
     if (absl::Status t = (*s)->Truncate(req->nrec()); !t.ok()) return t;
+    log::Info("session_truncate", {{"session_id", req->session_id()}, {"records", req->nrec()}});
     resp->set_nrec((*s)->nrec());
     return absl::OkStatus();
   });
@@ -101,13 +123,13 @@ grpc::ServerUnaryReactor* KvStoreService::Truncate(grpc::CallbackServerContext* 
 
 grpc::ServerWriteReactor<strata::v1::LoadChunk>* KvStoreService::Load(
     grpc::CallbackServerContext* ctx, const strata::v1::LoadRequest* req) {
-  return NewLoadReactor(store_, *req, options_.load_chunk_bytes);
+  return NewLoadReactor(store_, metrics_, *req, options_.load_chunk_bytes);
 }
 
 grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
                                                const strata::v1::StatRequest* req,
                                                strata::v1::SessionInfo* resp) {
-  return RunUnary(ctx, [&]() -> absl::Status {
+  return RunUnary(ctx, metrics_, "Stat", [&]() -> absl::Status {
     absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(req->session_id());
     if (!s.ok()) return s.status();
     FillSessionInfo((*s)->Info(), resp);
@@ -118,7 +140,7 @@ grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* KvStoreService::List(grpc::CallbackServerContext* ctx,
                                                const strata::v1::ListRequest* req,
                                                strata::v1::ListResponse* resp) {
-  return RunUnary(ctx, [&]() -> absl::Status {
+  return RunUnary(ctx, metrics_, "List", [&]() -> absl::Status {
     if (req->page_size() < 0) return absl::InvalidArgumentError("page_size must be >= 0");
     bool more = false;
     absl::StatusOr<std::vector<SessionSummary>> list =
@@ -139,13 +161,17 @@ grpc::ServerUnaryReactor* KvStoreService::List(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* KvStoreService::Delete(grpc::CallbackServerContext* ctx,
                                                  const strata::v1::DeleteRequest* req,
                                                  strata::v1::DeleteResponse* resp) {
-  return RunUnary(ctx, [&]() { return store_->Delete(req->session_id()); });
+  return RunUnary(ctx, metrics_, "Delete", [&]() {
+    absl::Status s = store_->Delete(req->session_id());
+    if (s.ok()) log::Info("session_delete", {{"session_id", req->session_id()}});
+    return s;
+  });
 }
 
 grpc::ServerUnaryReactor* KvStoreService::UpdateSession(
     grpc::CallbackServerContext* ctx, const strata::v1::UpdateSessionRequest* req,
     strata::v1::SessionInfo* resp) {
-  return RunUnary(ctx, [&]() -> absl::Status {
+  return RunUnary(ctx, metrics_, "UpdateSession", [&]() -> absl::Status {
     absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(req->session_id());
     if (!s.ok()) return s.status();
     std::optional<int64_t> watermark;

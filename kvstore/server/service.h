@@ -10,9 +10,11 @@
 #define STRATA_KVSTORE_SERVER_SERVICE_H_
 
 #include <cstdint>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
+#include "kvstore/server/kv_metrics.h"
 #include "kvstore/session.h"
 #include "kvstore/store.h"
 #include "strata/v1/kvstore.grpc.pb.h"
@@ -26,8 +28,11 @@ struct ServiceOptions {
 
 class KvStoreService final : public strata::v1::KVStore::CallbackService {
  public:
-  // REQUIRES: store outlives the service and every RPC it started.
-  KvStoreService(Store* store, ServiceOptions options) : store_(store), options_(options) {}
+  // Every RPC is counted in metrics->Rpc (and Append's and Load's bytes and
+  // write latency in their series).
+  // REQUIRES: store and metrics outlive the service and every RPC it started.
+  KvStoreService(Store* store, ServiceOptions options, KvStoreMetrics* metrics)
+      : store_(store), options_(options), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* ctx,
                                           const strata::v1::CreateSessionRequest* req,
@@ -55,7 +60,12 @@ class KvStoreService final : public strata::v1::KVStore::CallbackService {
  private:
   Store* const store_;
   const ServiceOptions options_;
+  KvStoreMetrics* const metrics_;
 };
+
+// Logs a failed RPC (rpc_failed; not OK, NOT_FOUND, ALREADY_EXISTS or
+// CANCELLED, which are answers, not failures).
+void LogRpcFailure(std::string_view method, const grpc::Status& status);
 
 // absl status → gRPC status (the codes are the same numbers).
 grpc::Status ToGrpc(const absl::Status& s);

@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/metrics_text.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "kvstore/fault_injection_env.h"
 #include "kvstore/server/server.h"
 #include "kvstore/test_util.h"
@@ -31,6 +33,7 @@ class ServiceTest : public ::testing::Test {
     o.store.dir = "/kv";
     o.store.commit_threads = 2;
     o.store.chunk_records = 8;
+    o.metrics_listen = "127.0.0.1:0";
     server_ = *KvStoreServer::Start(&env_, o);
     channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                    grpc::InsecureChannelCredentials());
@@ -422,6 +425,100 @@ TEST_F(ServiceTest, GarbageOnTheWire) {
 
   // The server still serves.
   EXPECT_TRUE(Create("after").ok());
+}
+
+// The metrics of docs/metrics.md §4, read from the metrics port: every
+// series moves with the RPCs that should move it, and only those.
+TEST_F(ServiceTest, MetricsFollowAppendsLoadsSyncsAndRpcs) {
+  ASSERT_GT(server_->metrics_port(), 0);
+  httplib::Client scraper("127.0.0.1", server_->metrics_port());
+  auto scrape = [&] {
+    auto res = scraper.Get("/metrics");
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? res->body : std::string();
+  };
+  auto value = [](const std::string& body, const std::string& series) {
+    return strata::testing::MetricValue(body, series).value_or(-1);
+  };
+  std::string body = scrape();
+  EXPECT_EQ(value(body, "strata_kvstore_sessions_stored"), 0);
+  EXPECT_EQ(value(body, "strata_kvstore_appended_bytes_total"), 0);
+  EXPECT_EQ(value(body, "strata_kvstore_append_seconds_count"), 0);
+  EXPECT_EQ(body.find("strata_kvstore_rpcs_total{"), std::string::npos) << "no RPC yet";
+  const double syncs_at_open = value(body, "strata_kvstore_fsync_seconds_count");
+
+  ASSERT_TRUE(Create("m1").ok());
+  ASSERT_TRUE(Create("m2").ok());
+  EXPECT_EQ(Create("m1").error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  body = scrape();
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="CreateSession",code="OK"})"), 2);
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="CreateSession",code="ALREADY_EXISTS"})"), 1);
+  EXPECT_EQ(value(body, "strata_kvstore_sessions_stored"), 2);
+  EXPECT_GE(value(body, "strata_kvstore_sessions_open"), 1);
+  EXPECT_GT(value(body, "strata_kvstore_fsync_seconds_count"), syncs_at_open) << "a create syncs its files";
+
+  grpc::Status refused;
+  auto s = Open("m1", 0, dims_.n_layers, &refused);
+  ASSERT_NE(s, nullptr);
+  const double syncs_before = value(scrape(), "strata_kvstore_fsync_seconds_count");
+  uint64_t bytes = 0;
+  for (int64_t p = 0; p < 12; p += 4) {
+    pb::AppendRequest rows = Rows(p, p + 4, 0, dims_.n_layers);
+    bytes += rows.rows().rows().size();
+    ASSERT_TRUE(s->rw->Write(rows));
+  }
+  grpc::Status st;
+  EXPECT_EQ(Drain(*s, &st), 12);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  body = scrape();
+  EXPECT_EQ(value(body, "strata_kvstore_appended_bytes_total"), static_cast<double>(bytes));
+  EXPECT_EQ(value(body, "strata_kvstore_append_seconds_count"), 3);
+  EXPECT_GT(value(body, "strata_kvstore_append_seconds_sum"), 0);
+  EXPECT_GE(value(body, "strata_kvstore_fsync_seconds_count"), syncs_before + 2) << "a commit round syncs twice";
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="Append",code="OK"})"), 1);
+  EXPECT_EQ(value(body, "strata_kvstore_read_bytes_total"), 0);
+
+  ASSERT_TRUE(ExpectLoad("m1", 0, dims_.n_layers, 0, 12).ok());
+  EXPECT_EQ(ExpectLoad("m1", 0, dims_.n_layers, 0, 13).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(ExpectLoad("nope", 0, dims_.n_layers, 0, 1).error_code(), grpc::StatusCode::NOT_FOUND);
+  body = scrape();
+  EXPECT_EQ(value(body, "strata_kvstore_read_bytes_total"), static_cast<double>(bytes));
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="Load",code="OK"})"), 1);
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="Load",code="OUT_OF_RANGE"})"), 1);
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="Load",code="NOT_FOUND"})"), 1);
+
+  // A failing sync fails the append stream and is counted.
+  FaultInjectionEnv::Fault f;
+  f.op = FaultInjectionEnv::OpKind::kSync;
+  f.path_contains = "m2.coli_kv";
+  f.times = -1;
+  f.error = absl::InternalError("injected: I/O error");
+  env_.AddFault(f);
+  auto bad = Open("m2", 0, dims_.n_layers, &refused);
+  ASSERT_NE(bad, nullptr);
+  pb::AppendRequest bad_rows = Rows(0, 2, 0, dims_.n_layers);
+  bytes += bad_rows.rows().rows().size();  // written in place; the sync after it fails
+  bad->rw->Write(bad_rows);
+  Drain(*bad, &st);
+  EXPECT_FALSE(st.ok());
+  body = scrape();
+  EXPECT_GE(value(body, "strata_kvstore_fsync_errors_total"), 1);
+  EXPECT_EQ(value(body, absl::StrCat(R"(strata_kvstore_rpcs_total{method="Append",code=")",
+                                     absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
+                                     R"("})")), 1);
+  env_.ClearFaults();
+
+  grpc::ClientContext ctx;
+  pb::DeleteRequest del;
+  del.set_session_id("m1");
+  pb::DeleteResponse dresp;
+  ASSERT_TRUE(stub_->Delete(&ctx, del, &dresp).ok());
+  body = scrape();
+  EXPECT_EQ(value(body, "strata_kvstore_sessions_stored"), 1);
+  EXPECT_EQ(value(body, R"(strata_kvstore_rpcs_total{method="Delete",code="OK"})"), 1);
+  EXPECT_EQ(strata::testing::MetricValue(server_->metrics()->Render(), "strata_kvstore_appended_bytes_total"),
+            static_cast<double>(bytes))
+      << "the port serves the server's registry";
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "common/testing/scratch_dir.h"
 #include "coordinator/health_client.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "model/engine.h"
 
 namespace strata::e2e {
@@ -25,6 +26,26 @@ using Clock = std::chrono::steady_clock;
 
 std::string Bin(const std::string& sub, const std::string& name) {
   return (fs::path(STRATA_BINARY_DIR) / sub / name).string();
+}
+
+// The address of the last "metrics HOST:PORT" line of a log, waiting up to
+// 10 s for one to appear after `skip` such lines.
+std::string MetricsLine(const std::string& log, size_t skip) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  do {
+    std::ifstream f(log);
+    std::string line, last;
+    size_t seen = 0;
+    while (std::getline(f, line)) {
+      if (line.rfind("metrics ", 0) == 0 && line.find(':') != std::string::npos) {
+        last = line.substr(8);
+        ++seen;
+      }
+    }
+    if (seen > skip) return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } while (Clock::now() < deadline);
+  return "";
 }
 
 void Terminate(pid_t& pid, int sig) {
@@ -225,8 +246,25 @@ void ClusterHarness::StartWorker(int i) {
                                    absl::StrCat("w", i), "--threads", absl::StrCat(options_.worker_threads),
                                    "--model-root", options_.model_dir};
   for (const std::string& f : ClusterFlags()) args.push_back(f);
+  if (options_.metrics) args.insert(args.end(), {"--metrics-listen", "127.0.0.1:0"});
   args.insert(args.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   workers_[i] = Spawn(args, absl::StrCat(log_dir_, "/w", i, ".log"));
+}
+
+std::string ClusterHarness::WorkerMetricsAddress(int i) {
+  return MetricsLine(absl::StrCat(log_dir_, "/w", i, ".log"), 0);
+}
+
+std::string ClusterHarness::KvStoreMetricsAddress() { return MetricsLine(log_dir_ + "/kvstore.log", 0); }
+
+std::string ClusterHarness::Scrape(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "";
+  httplib::Client c(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  c.set_connection_timeout(5);
+  c.set_read_timeout(5);
+  auto res = c.Get("/metrics");
+  return res && res->status == 200 ? res->body : "";
 }
 
 void ClusterHarness::KillWorker(int i) { Terminate(workers_[i], SIGKILL); }
@@ -243,6 +281,7 @@ bool ClusterHarness::StartKvStore(const std::string& listen) {
   fs::remove(port_file);
   std::vector<std::string> args = {Bin("kvstore", "strata-kvstore"), "--dir=" + options_.kv_dir, "--listen=" + listen,
                                    "--port-file=" + port_file, "--commit-threads=1"};
+  if (options_.metrics) args.push_back("--metrics-listen=127.0.0.1:0");
   for (const std::string& f : ClusterFlags()) args.push_back(f);
   kvstore_ = Spawn(args, log_dir_ + "/kvstore.log");
   const auto deadline = Clock::now() + std::chrono::seconds(20);

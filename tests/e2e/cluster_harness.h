@@ -36,6 +36,9 @@ struct HarnessOptions {
   std::optional<testing::TestCerts> tls;
   std::string api_tokens;
   std::string token;
+  // --metrics-listen 127.0.0.1:0 on every worker and the KV store
+  // (WorkerMetricsAddress, KvStoreMetricsAddress).
+  bool metrics = false;
 };
 
 struct GenerateResult {
@@ -77,6 +80,17 @@ class ClusterHarness {
   static v1::GenerateRequest ContinueTurn(const std::string& session, int max_tokens);
 
   v1::StatsResponse Stats();
+
+  // The folder of the processes' logs (stdout and stderr): coordinator.out,
+  // w0.log, w1.log, ..., kvstore.log.
+  const std::string& log_dir() const { return log_dir_; }
+  // Where worker i (the process running now) and the KV store serve
+  // /metrics, read from their "metrics HOST:PORT" lines (waits up to 10 s;
+  // "" when there is none). REQUIRES: options.metrics.
+  std::string WorkerMetricsAddress(int i);
+  std::string KvStoreMetricsAddress();
+  // GET http://ADDRESS/metrics: the body, or "" when the request failed.
+  static std::string Scrape(const std::string& address);
 
   // SIGKILLs worker i; RestartWorker starts a new process with the same name.
   void KillWorker(int i);

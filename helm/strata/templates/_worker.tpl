@@ -36,6 +36,9 @@ spec:
         - --device=cpu
         {{- end }}
         - --threads={{ int $w.threads }}
+        {{- if and .Values.metrics.enabled .Values.metrics.workers }}
+        - --metrics-listen=0.0.0.0:{{ int .Values.ports.metrics }}
+        {{- end }}
         {{- include "strata.commonArgs" (dict "ctx" $ "drain" $w.drainTimeoutSeconds) | nindent 8 }}
         {{- with $w.extraArgs }}
         {{- toYaml . | nindent 8 }}
@@ -60,6 +63,11 @@ spec:
         - name: grpc-health
           containerPort: {{ int .Values.ports.health }}
           protocol: TCP
+        {{- if and .Values.metrics.enabled .Values.metrics.workers }}
+        - name: metrics
+          containerPort: {{ int .Values.ports.metrics }}
+          protocol: TCP
+        {{- end }}
       {{- include "strata.probes" (dict "ctx" $ "service" "strata.v1.Worker") | nindent 6 }}
       resources:
         {{- $res := deepCopy (default dict $w.resources) }}
