@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "model/gpu/gpu_engine.h"
 #include "worker/device_stage.h"
@@ -147,13 +148,18 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   o.f32_gemm = options.f32_gemm;
   if (options.round_gemm_inputs) o.split_bf16_max_rows = 0;
   o.fp8_weights = options.fp8_weights;
-  // One line per part resident on the device: bytes, rate, time left.
+  // One event per part resident on the device: bytes, rate, time left.
   o.on_load_progress = [layer_begin, layer_end](const LoadProgress& p) {
     const double gb = p.host_bytes / 1e9, rate = p.seconds > 0 ? gb / p.seconds : 0;
     const double left = p.parts_done > 0 ? p.seconds * (p.parts - p.parts_done) / p.parts_done : 0;
-    std::fprintf(stderr, "GPU stage, layers [%d, %d): loaded %d/%d parts, %.2f GB read, %.2f GB on the GPU, "
-                 "%.2f GB/s, %.0f s left\n",
-                 layer_begin, layer_end, p.parts_done, p.parts, gb, p.device_bytes / 1e9, rate, left);
+    log::Info("gpu_load_progress", {{"layer_begin", layer_begin},
+                                    {"layer_end", layer_end},
+                                    {"parts_done", p.parts_done},
+                                    {"parts", p.parts},
+                                    {"gb_read", gb},
+                                    {"gb_on_gpu", p.device_bytes / 1e9},
+                                    {"gb_per_s", rate},
+                                    {"s_left", left}});
   };
   std::unique_ptr<GpuEngine> engine;
   if (options.synthetic_seed.has_value()) {
@@ -167,8 +173,9 @@ absl::StatusOr<std::unique_ptr<DeviceStage>> DeviceStage::Create(const std::stri
   // DeepSeek-V3's dimensions).
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(engine->WarmUp(kWarmUpRows));
-  std::fprintf(stderr, "GPU stage, layers [%d, %d): warm-up step %.0f ms\n", layer_begin, layer_end,
-               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  log::Info("gpu_warm_up", {{"layer_begin", layer_begin},
+                            {"layer_end", layer_end},
+                            {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()}});
   const int64_t page_bytes = engine->page_id_bytes();
   return std::unique_ptr<DeviceStage>(new GpuStage(std::move(engine), layer_begin, page_bytes));
 }
