@@ -299,6 +299,94 @@ TEST_P(V4KvStoreTest, TwoStagesSaveAndOneTwoOrThreeResumeExactly) {
   }
 }
 
+// The life of a served session: one stage writes it, the session is loaded
+// onto one stage that goes on writing it from there (a second writer of the
+// same file), and then loaded onto two stages; each resumed sequence
+// continues like the uninterrupted run.
+TEST_P(V4KvStoreTest, ALoadedSequenceGoesOnWritingTheSameFile) {
+  const std::string dir = GetParam();
+  auto engine = V4Engine::Load(dir, {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  V4Engine& e = **engine;
+  const V4Config& c = e.config();
+  const std::vector<int> tokens = FixtureTokens(dir);
+  const kv::V3Header header = V4KvHeader(c, kv::V3RowFormat::kF32);
+  const kv::V3Layout L(header);
+  const int nl = c.num_layers;
+  kv::FaultInjectionEnv env;
+  kv::ServerOptions o;
+  o.store.dir = "/kv";
+  o.store.commit_threads = 1;
+  auto server = kv::KvStoreServer::Start(&env, o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = pb::KVStore::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    pb::CreateSessionRequest req;
+    req.set_session_id("s");
+    kv::ToProto(header, req.mutable_v4());
+    req.set_fingerprint(kFingerprint);
+    pb::SessionInfo info;
+    ASSERT_TRUE(stub->CreateSession(&ctx, req, &info).ok());
+  }
+  auto step = [&](V4Sequence* seq, int t0, int n) {
+    V4Chunk ch{seq, absl::MakeConstSpan(&tokens[static_cast<size_t>(t0)], static_cast<size_t>(n))};
+    std::vector<float> logits;
+    EXPECT_TRUE(e.Forward({&ch, 1}, false, &logits).ok());
+    return logits;
+  };
+  // Phase 1: one stage, a prefill and decode steps.
+  auto seq = e.NewSequence();
+  int t = 0;
+  {
+    StageWriter w(stub.get(), "s", 0, nl);
+    for (int n : {40, 1, 1, 1, 1, 1, 11, 1, 1, 1, 1, 1}) {  // two served turns
+      step(seq.get(), t, n);
+      w.Step(c, *seq, L, t, tokens);
+      t += n;
+    }
+    int64_t last = -1;
+    ASSERT_TRUE(w.Finish(&last).ok());
+    ASSERT_EQ(last, t);
+  }
+  // Phase 2: loaded onto one stage, which goes on writing.
+  auto one = e.NewSequence();
+  std::vector<int32_t> live;
+  ASSERT_EQ(LoadRange(stub.get(), "s", c, L, 0, nl, one.get(), &live), t);
+  one->Commit(t);
+  {
+    StageWriter w(stub.get(), "s", 0, nl);
+    ASSERT_EQ(w.opened().next_position(), t);
+    for (int n : {4, 1, 1, 1, 1, 1}) {  // a third turn
+      const std::vector<float> a = step(one.get(), t, n), b = step(seq.get(), t, n);
+      ASSERT_EQ(a, b) << "at " << t;
+      w.Step(c, *one, L, t, tokens);
+      t += n;
+    }
+    int64_t last = -1;
+    ASSERT_TRUE(w.Finish(&last).ok());
+    ASSERT_EQ(last, t);
+  }
+  // Phase 3: loaded onto two stages at every cut; each continues like the
+  // uninterrupted run.
+  for (int cut = 1; cut < nl; ++cut) {
+    SCOPED_TRACE(::testing::Message() << "cut " << cut);
+    auto two = e.NewSequence();
+    ASSERT_EQ(LoadRange(stub.get(), "s", c, L, 0, cut, two.get(), &live), t);
+    ASSERT_EQ(LoadRange(stub.get(), "s", c, L, cut, nl, two.get(), &live), t);
+    two->Commit(t);
+    auto ref = seq->Copy();
+    int u = t;
+    for (int n : {5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+      if (u + n > static_cast<int>(tokens.size())) break;
+      const std::vector<float> a = step(two.get(), u, n), b = step(ref.get(), u, n);
+      ASSERT_EQ(a, b) << "at " << u;
+      u += n;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, V4KvStoreTest, ::testing::ValuesIn(V4FixtureDirs()),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return fs::path(i.param).filename().string();
