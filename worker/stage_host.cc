@@ -345,7 +345,11 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   const bool first = first_stage();
   if (!first && (h.hidden_size() != H || batch.hidden.size() != static_cast<size_t>(rows) * H)) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " carries rows of ", h.hidden_size(),
-                                                   " floats; this model's hidden state is ", H));
+                                                   " floats; this model's hidden size is ", H,
+                                                   cfg.hidden_streams > 1
+                                                       ? absl::StrCat(" (", cfg.hidden_streams, " streams of ",
+                                                                      cfg.hidden_size, ")")
+                                                       : std::string()));
   }
   if (v4_) {
     RETURN_IF_ERROR(RunV4Locked(h, chunk_tokens, all_tokens, &batch.hidden));
