@@ -9,11 +9,15 @@
 // Each appender's stream runs on a thread of its own (a synchronous gRPC
 // bidirectional stream, with a second thread reading Committed messages):
 // Append only queues, so the compute thread never waits for the network.
-// Dropping the appender half-closes the stream once every queued step is
-// sent; the pool keeps the thread until the store has answered (or, when
-// the pool goes, cancels what is still running after its drain time). A
-// broken stream is not reopened: the appender reports the failure in
-// status() and the session's committed count stops there.
+// Steps stay buffered until the store reports them committed, so a stream
+// that breaks (the store restarted, lost what it held in memory) is reopened
+// with backoff (0.1 s doubling to 2 s) and the steps from the position the
+// store asks for (AppendOpened.next_position, a step boundary) are sent
+// again. Dropping the appender half-closes the stream once every buffered
+// step is sent; the pool keeps the thread until the store has answered (a
+// dropped appender retries for at most the drain time; when the pool goes,
+// what still runs after its drain time is cancelled). More than 256 MiB of
+// uncommitted steps fail the appender (status() says why).
 //
 // Thread-safety: V4Appenders is thread-safe; a V4Appender is fed by one
 // thread, committed() and status() may be read from any.
@@ -25,6 +29,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,18 +61,26 @@ class V4Appender {
   int64_t committed() const;
   absl::Status status() const;
 
- private:
-  friend class V4Appenders;
+  // Shared by the appender and its stream thread (internal to V4Appenders).
   struct State {
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<v1::AppendRequest> queue;  // guarded by mu
+    // Steps not yet committed, in position order, and the position from
+    // which they still have to be sent on the current stream.
+    std::deque<v1::AppendRequest> steps;  // guarded by mu
+    size_t bytes = 0;                     // guarded by mu: of `steps`
+    int64_t send_from = 0;                // guarded by mu
     bool closing = false;                 // guarded by mu
+    bool cancelled = false;               // guarded by mu: the pool is going
     bool done = false;                    // guarded by mu
     int64_t committed = 0;                // guarded by mu
     absl::Status status;                  // guarded by mu
-    grpc::ClientContext ctx;
+    grpc::ClientContext* ctx = nullptr;   // guarded by mu: the current stream's
+    bool stream_ended = false;            // guarded by mu: its reader saw the end
   };
+
+ private:
+  friend class V4Appenders;
   explicit V4Appender(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };
@@ -94,6 +107,9 @@ class V4Appenders {
 
  private:
   void Run(std::shared_ptr<V4Appender::State> state, V4AppenderSpec spec);
+  // One stream: open (at `start` when set), send, read commits. OK when the
+  // appender closed with everything committed; the stream's failure else.
+  absl::Status RunStream(V4Appender::State& st, const V4AppenderSpec& spec, std::optional<int64_t> start);
 
   std::shared_ptr<grpc::Channel> channel_;
   const absl::Duration drain_timeout_;

@@ -3,8 +3,8 @@
 // loopback with the deepseek_v4 fixture. Greedy text equals transformers'
 // continuation (reference.json); a session's turns equal an uninterrupted
 // run of the in-process V4 engine, and it continues exactly from the KV store
-// after its last worker is gone and after a restart of the whole cluster
-// under the other number of workers.
+// after its last worker is gone, across a restart of the KV store, and after
+// a restart of the whole cluster under the other number of workers.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -119,7 +119,26 @@ TEST_P(V4ClusterTest, GreedySessionsAndRestarts) {
   history = Concat(Concat(history, r2.tokens), p3);
   EXPECT_EQ(r3.tokens, V4Greedy(history, 6));
   EXPECT_GE(r3.final_msg.usage().cached_tokens(), 40);
-  ASSERT_TRUE(c.SaveSession("chat", &state).ok());
+
+  // The KV store is killed and restarted: the stages' appenders reconnect and
+  // send again what it had not committed; the next turn is saved in full.
+  c.KillKvStore();
+  ASSERT_TRUE(c.RestartKvStore());
+  const std::vector<int> p3b = Slice(prompt, 57, 60);
+  v1::GenerateRequest t3b = ClusterHarness::Greedy(p3b, 6);
+  t3b.set_session_id("chat");
+  GenerateResult r3b = c.Generate(t3b);
+  ASSERT_TRUE(r3b.status.ok()) << r3b.status.error_message();
+  history = Concat(Concat(history, r3.tokens), p3b);
+  EXPECT_EQ(r3b.tokens, V4Greedy(history, 6));
+  // (The coordinator's channel reconnects within its 1 s backoff.)
+  grpc::Status saved = c.SaveSession("chat", &state);
+  for (int i = 0; i < 100 && saved.error_code() == grpc::StatusCode::UNAVAILABLE; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    saved = c.SaveSession("chat", &state);
+  }
+  ASSERT_TRUE(saved.ok()) << saved.error_message();
+  EXPECT_EQ(state.tokens(), static_cast<int64_t>(history.size() + r3b.tokens.size()) - 1);
   c.Stop();
 
   // The whole cluster restarts with the other number of workers: the
@@ -129,12 +148,12 @@ TEST_P(V4ClusterTest, GreedySessionsAndRestarts) {
   o2.coordinator_flags.clear();
   ClusterHarness d(o2);
   ASSERT_TRUE(d.ok()) << d.error();
-  const std::vector<int> p4 = Slice(prompt, 53, 57);
+  const std::vector<int> p4 = Slice(prompt, 53, 57);  // (a fourth prompt; any ids do)
   v1::GenerateRequest t4 = ClusterHarness::Greedy(p4, 6);
   t4.set_session_id("chat");
   GenerateResult r4 = d.Generate(t4);
   ASSERT_TRUE(r4.status.ok()) << r4.status.error_message();
-  history = Concat(Concat(history, r3.tokens), p4);
+  history = Concat(Concat(history, r3b.tokens), p4);
   EXPECT_EQ(r4.tokens, V4Greedy(history, 6));
   EXPECT_EQ(r4.final_msg.usage().cached_tokens(), state.tokens());
   ASSERT_TRUE(d.SaveSession("chat", &state).ok());
