@@ -50,8 +50,12 @@ absl::Status KvSessionClient::Error(const grpc::Status& s, const std::string& wh
 absl::StatusOr<v1::SessionInfo> KvSessionClient::Create(const std::string& id) {
   v1::CreateSessionRequest req;
   req.set_session_id(id);
-  *req.mutable_dims() = shape_.dims;
-  for (int32_t l : shape_.indexer_layers) req.add_indexer_layers(l);
+  if (shape_.v4.has_value()) {
+    *req.mutable_v4() = *shape_.v4;
+  } else {
+    *req.mutable_dims() = shape_.dims;
+    for (int32_t l : shape_.indexer_layers) req.add_indexer_layers(l);
+  }
   req.set_fingerprint(shape_.fingerprint);
   if (shape_.model_digest.has_value()) req.set_model_digest(*shape_.model_digest);
   grpc::ClientContext ctx;
@@ -176,6 +180,16 @@ absl::Status KvSessionClient::CheckCompatible(const v1::SessionInfo& info) const
         absl::StrFormat("session '%s' was stored with model fingerprint %016x (version %d); this cluster serves "
                         "%016x (another checkpoint): use a cluster with that model or delete the session",
                         info.session_id(), info.fingerprint(), info.fingerprint_version(), ours));
+  }
+  if (shape_.v4.has_value() || info.format_version() == 3) {
+    if (!shape_.v4.has_value() || info.format_version() != 3 ||
+        info.v4().SerializeAsString() != shape_.v4->SerializeAsString()) {
+      return absl::FailedPreconditionError(absl::StrCat("session '", info.session_id(),
+                                                        "' has another layout than this model's: ",
+                                                        info.v4().ShortDebugString(), " vs ",
+                                                        shape_.v4 ? shape_.v4->ShortDebugString() : "(not V4)"));
+    }
+    return absl::OkStatus();
   }
   const v1::KvDims& a = info.dims();
   const v1::KvDims& b = shape_.dims;

@@ -37,6 +37,9 @@ struct KvSessionShape {
   uint64_t fingerprint = 0;         // the current version
   uint64_t legacy_fingerprint = 0;  // version 1, for sessions saved before version 2
   std::optional<uint64_t> model_digest;  // recorded in new sessions when computed
+  // A deepseek_v4 model: its sessions are v3 files of this layout (dims and
+  // indexer_layers unused; docs/coli-kv.md, "V4 sessions in the KV store").
+  std::optional<v1::V4Layout> v4;
 };
 
 // Dimensions and indexer slot map of `config` (docs/coli-kv.md, "Records").

@@ -45,6 +45,8 @@
 #include "coordinator/session_manager.h"
 #include "coordinator/sessions.h"
 #include "model/fingerprint.h"
+#include "model/v4/config.h"
+#include "model/v4/kv_state.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -238,6 +240,14 @@ int main(int argc, char** argv) {
   co.min_workers = static_cast<int>(*min_workers);
   co.placement_override = flags.Get("placement");
   co.kv_dtype = kv == "f32" ? strata::KvDtype::kF32 : strata::KvDtype::kFp8;
+  if ((*model)->config.family == strata::ModelFamily::kDeepseekV4) {
+    // docs/service.md, "DeepSeek-V4": f32 state only, sessions in memory.
+    if (flags.Has("kv-dtype") && kv != "f32") {
+      return Usage("deepseek_v4 keeps its state in float32 only (no fp8 V4 cache yet): use --kv-dtype f32", flags);
+    }
+    co.kv_dtype = strata::KvDtype::kF32;
+    std::fprintf(stderr, "strata-coordinator: deepseek_v4: float32 state on the workers\n");
+  }
   co.kvstore_address = flags.Get("kvstore");
   co.synthetic_seed = synthetic_seed;
   std::unique_ptr<KvSessionClient> store;
@@ -250,6 +260,26 @@ int main(int argc, char** argv) {
     co.model_fingerprint = ids->fingerprint;
     co.model_legacy_fingerprint = ids->legacy_fingerprint;
     KvSessionShape shape = ShapeOf((*model)->config, ids->fingerprint, ids->legacy_fingerprint);
+    if ((*model)->config.family == strata::ModelFamily::kDeepseekV4) {
+      // Its sessions are v3 files (docs/coli-kv.md, "V4 sessions in the KV store").
+      auto v4c = strata::v4::LoadV4Config(co.model_dir);
+      if (!v4c.ok()) {
+        std::fprintf(stderr, "strata-coordinator: %s\n", std::string(v4c.status().message()).c_str());
+        return 1;
+      }
+      const strata::kv::V3Header h = strata::v4::V4KvHeader(*v4c, strata::kv::V3RowFormat::kF32);
+      strata::v1::V4Layout& l = shape.v4.emplace();
+      l.set_head_dim(h.head_dim);
+      l.set_rope_dim(h.rope_dim);
+      l.set_index_hd(h.index_hd);
+      l.set_window(h.window);
+      l.set_vocab(h.vocab);
+      l.set_row_format(static_cast<int32_t>(h.row_format));
+      for (const strata::kv::V3Layer& x : h.layers) {
+        l.add_layer_kinds(static_cast<int32_t>(x.kind));
+        l.add_layer_rates(x.rate);
+      }
+    }
     if (flags.Has("model-digest") && !synthetic_seed) {
       strata::FingerprintStats stats;
       auto digest = strata::ModelDigest(co.model_dir, &stats);

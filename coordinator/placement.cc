@@ -16,6 +16,10 @@ namespace strata::coordinator {
 namespace {
 
 uint64_t KvPerToken(const ModelConfig& c, KvDtype dtype, int layer) {
+  // deepseek_v4 keeps f32 state whose growth per token is at most a CSA
+  // layer's: a compressed row and an index key every 4 tokens
+  // (docs/deepseek-v4.md §4.3); the window is bounded.
+  if (c.family == ModelFamily::kDeepseekV4) return static_cast<uint64_t>(c.kv_lora_rank + c.index_head_dim);
   uint64_t b = dtype == KvDtype::kFp8 ? static_cast<uint64_t>(c.kv_lora_rank + c.qk_rope_head_dim + 8)
                                       : 4ull * (c.kv_lora_rank + c.qk_rope_head_dim);
   if (c.layers[layer].indexer == IndexerMode::kFull) b += 4ull * c.index_head_dim;
@@ -63,17 +67,25 @@ ModelLayout LayoutFromTensors(const ModelConfig& c, KvDtype kv_dtype,
   ModelLayout m;
   m.num_layers = c.num_layers;
   m.layer_weight_bytes.assign(c.num_layers, 0);
+  const bool v4 = c.family == ModelFamily::kDeepseekV4;
+  auto starts = [](const std::string& name, std::string_view prefix) { return name.rfind(prefix, 0) == 0; };
   for (const auto& [name, bytes] : tensors) {
-    constexpr std::string_view kLayers = "model.layers.";
-    if (name.rfind(kLayers, 0) == 0) {
-      const std::string rest = name.substr(kLayers.size());
+    // DeepSeek-V4 checkpoints also come with DeepSeek's own names (layers.N.,
+    // embed., head., norm., hc_head_*; docs/deepseek-v4.md §2.1).
+    const std::string_view layers = starts(name, "model.layers.") ? "model.layers."
+                                    : v4 && starts(name, "layers.")  ? "layers."
+                                                                     : "";
+    if (!layers.empty()) {
+      const std::string rest = name.substr(layers.size());
       int layer = 0;
       if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= 0 && layer < c.num_layers) {
         m.layer_weight_bytes[layer] += bytes;
       }  // an MTP layer after num_layers is not served
-    } else if (name.rfind("model.embed_tokens.", 0) == 0) {
+    } else if (starts(name, "model.embed_tokens.") || (v4 && starts(name, "embed."))) {
       m.embed_bytes += bytes;
-    } else if (name.rfind("model.norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0) {
+    } else if (starts(name, "model.norm.") || starts(name, "lm_head.") ||
+               (v4 && (starts(name, "norm.") || starts(name, "head.") || starts(name, "model.hc_head.") ||
+                       starts(name, "hc_head_")))) {
       m.head_bytes += bytes;
     }
   }

@@ -169,4 +169,32 @@ TEST(PlacementTest, RejectsNoWorkers) {
 }
 
 }  // namespace
+// DeepSeek-V4 (docs/service.md, "DeepSeek-V4"): every layer is a cut point,
+// DeepSeek's own tensor names count like transformers', and the KV budget is
+// the f32 growth of a ratio-4 layer (head_dim + index_head_dim bytes per
+// token). Expected bytes are the tensor sizes given, summed by hand.
+TEST(PlacementTest, DeepseekV4LayersAreWholeUnitsUnderEitherNaming) {
+  auto cfg = ParseModelConfig(R"({"model_type": "deepseek_v4", "vocab_size": 64, "hidden_size": 16,
+    "num_hidden_layers": 3, "num_attention_heads": 2, "head_dim": 32, "index_head_dim": 8, "hc_mult": 4,
+    "eos_token_id": 1, "bos_token_id": 0})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->family, ModelFamily::kDeepseekV4);
+  EXPECT_EQ(cfg->stream_width(), 64);
+  const ModelLayout m = LayoutFromTensors(*cfg, KvDtype::kF32,
+                                          {{"embed.weight", 100},
+                                           {"layers.0.attn.wkv.weight", 10},
+                                           {"model.layers.1.attn.wkv.weight", 20},
+                                           {"layers.2.ffn.gate.weight", 30},
+                                           {"layers.2.attn.compressor.ape", 5},
+                                           {"head.weight", 7},
+                                           {"norm.weight", 1},
+                                           {"hc_head_fn", 2},
+                                           {"mtp.0.emb.weight", 1000}});
+  EXPECT_EQ(m.embed_bytes, 100u);
+  EXPECT_EQ(m.head_bytes, 10u);
+  EXPECT_EQ(m.layer_weight_bytes, (std::vector<uint64_t>{10, 20, 35}));
+  EXPECT_EQ(m.can_cut_before, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(m.kv_bytes_per_token, (std::vector<uint64_t>{40, 40, 40}));
+}
+
 }  // namespace strata::coordinator

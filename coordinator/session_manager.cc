@@ -22,7 +22,7 @@ std::optional<std::pair<int64_t, int>> ParsePending(const v1::SessionInfo& info)
   int64_t pos = 0;
   int token = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pos) || !absl::SimpleAtoi(parts[1], &token) || token < 0 ||
-      token >= info.dims().vocab()) {
+      token >= (info.format_version() == 3 ? info.v4().vocab() : info.dims().vocab())) {
     return std::nullopt;
   }
   return std::make_pair(pos, token);
@@ -191,7 +191,28 @@ absl::Status SessionManager::LoadOntoStagesImpl(const std::string& id, const std
   std::vector<int> all;  // the conversation as the coordinator knows it
   std::optional<int> pending;
   int64_t load = 0, keep = nrec;
-  if (memory) {
+  // A V4 session (a v3 file) keeps only its state at nrec: it loads whole,
+  // never one record fewer (docs/service.md, "DeepSeek-V4").
+  const bool v3 = info.format_version() == 3;
+  if (v3) {
+    load = nrec;
+    if (memory) {
+      all = memory->tokens;
+      all.insert(all.end(), memory->unfed.begin(), memory->unfed.end());
+      pending = memory->pending;
+      if (static_cast<int64_t>(all.size()) < nrec) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "session '", id, "': the KV store holds ", nrec, " tokens of this V4 session, more than the ", all.size(),
+            " this coordinator knows, and a V4 session cannot be rewound; delete it and start over"));
+      }
+    } else if (auto p = ParsePending(info); p && p->first == nrec) {
+      pending = p->second;
+    } else if (nrec > 0) {
+      std::fprintf(stderr, "strata-coordinator: session '%s': its last turn was cut off; a V4 session keeps no "
+                   "logits after its last token, so it continues with the next prompt\n", id.c_str());
+    }
+    if (nrec == 0) return absl::OkStatus();
+  } else if (memory) {
     all = memory->tokens;
     all.insert(all.end(), memory->unfed.begin(), memory->unfed.end());
     pending = memory->pending;
@@ -256,6 +277,21 @@ absl::Status SessionManager::LoadOntoStagesImpl(const std::string& id, const std
                                                 " at ", stages[i].address, "): ", st.message()));
     }
     if (i == 0) ids.assign(resp.token_ids().begin(), resp.token_ids().end());
+  }
+  if (failure.ok() && v3) {
+    // Stage 0 answers with the ids of the live positions only (the last
+    // min(nrec, N)); the coordinator keeps what it knows and marks the rest.
+    if (static_cast<int64_t>(ids.size()) > load ||
+        (memory && !std::equal(ids.begin(), ids.end(), all.begin() + (load - static_cast<int64_t>(ids.size()))))) {
+      failure = absl::FailedPreconditionError(absl::StrCat(
+          "session '", id, "' in the KV store holds other tokens than this coordinator's copy; delete it"));
+    } else if (!memory) {
+      std::vector<int> known(static_cast<size_t>(load - static_cast<int64_t>(ids.size())), 0);
+      known.insert(known.end(), ids.begin(), ids.end());
+      ids = std::move(known);
+    } else {
+      ids.assign(all.begin(), all.begin() + load);
+    }
   }
   if (failure.ok() && static_cast<int64_t>(ids.size()) != load) {
     failure = absl::DataLossError(absl::StrCat("session '", id, "': stage 0 loaded ", ids.size(), " of ", load,

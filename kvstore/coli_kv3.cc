@@ -197,6 +197,7 @@ V3Layout::V3Layout(const V3Header& h) : h_(h) {
     if (h.layers[l].kind == V3Kind::kCsa) off += 4 * (4 * int64_t{h.head_dim} + 4 * int64_t{h.index_hd});
     if (h.layers[l].kind == V3Kind::kHca) off += 8 * int64_t{h.head_dim};
   }
+  layer_off_.push_back(off);  // the end of the last layer's part
   header_region_ = RoundUp(header_bytes(), kV3RegionAlign);
   commit_region_ = RoundUp(commit_bytes(), kV3RegionAlign);
 }
@@ -280,6 +281,15 @@ absl::StatusOr<V3Commit> DecodeV3Commit(const V3Layout& L, std::string_view b) {
     c.slots.push_back(s);
   }
   return c;
+}
+
+std::string SealV3TokenRecord(const V3Layout& L, int64_t p, int32_t token, std::string_view parts) {
+  std::string rec(static_cast<size_t>(L.token_bytes()), '\0');
+  StoreI32(rec.data(), static_cast<int32_t>(p));
+  StoreI32(rec.data() + 4, token);
+  std::memcpy(rec.data() + L.slice_offset(0), parts.data(), parts.size());
+  SealV3Record(rec.data(), L.token_bytes());
+  return rec;
 }
 
 void SealV3Record(char* rec, int64_t bytes) {

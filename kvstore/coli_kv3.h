@@ -8,6 +8,7 @@
 #ifndef STRATA_KVSTORE_COLI_KV3_H_
 #define STRATA_KVSTORE_COLI_KV3_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -108,6 +109,13 @@ class V3Layout {
   int64_t index_kv_offset(int layer) const { return gate_offset(layer) + 4 * coff(layer) * h_.head_dim; }
   int64_t index_gate_offset(int layer) const { return index_kv_offset(layer) + 8 * int64_t{h_.index_hd}; }
   int coff(int layer) const { return h_.layers[layer].kind == V3Kind::kCsa ? 2 : 1; }
+  // A layer range's part of a token record: the bytes [slice_offset(begin),
+  // slice_offset(end)) — each layer's parts are contiguous, in layer order.
+  // REQUIRES: 0 <= layer <= num_layers().
+  int64_t slice_offset(int layer) const { return layer_off_[layer]; }
+  int64_t slice_bytes(int begin, int end) const { return layer_off_[end] - layer_off_[begin]; }
+  // The first position whose token record the state at T needs: T − min(T, N).
+  int64_t first_live(int64_t num_tokens) const { return num_tokens - std::min<int64_t>(num_tokens, live_); }
 
   // Block record: layer, block index, row, index key (CSA), CRC32C.
   int64_t block_bytes(int layer) const;  // 0 for sliding layers
@@ -146,6 +154,10 @@ absl::StatusOr<V3Commit> DecodeV3Commit(const V3Layout& layout, std::string_view
 // Sets / checks the CRC32C in the last 4 bytes of a token or block record.
 void SealV3Record(char* rec, int64_t bytes);
 bool V3RecordSealed(const char* rec, int64_t bytes);
+// A sealed token record of position p: p, the token id, then `parts` (every
+// layer's part, slice_bytes(0, num_layers()) bytes), then the CRC32C.
+// REQUIRES: parts has that size.
+std::string SealV3TokenRecord(const V3Layout& layout, int64_t p, int32_t token, std::string_view parts);
 
 // Row codecs. f32: the bytes of the floats. fp8 (docs/coli-kv.md, "Version
 // 3"): REQUIRES out/in have row_bytes() bytes, row has head_dim floats.

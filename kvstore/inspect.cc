@@ -210,6 +210,16 @@ std::string InspectReport::ToJson() const {
     Json meta = Json::object();
     for (const auto& [k, v] : manifest->metadata) meta[k] = v;
     man["metadata"] = std::move(meta);
+  } else if (v3.has_value() && v3->manifest.has_value()) {
+    const V3Manifest& m3 = *v3->manifest;
+    man["fingerprint"] = absl::StrFormat("%016x", m3.fingerprint);
+    man["fingerprint_version"] = m3.fingerprint_version;
+    man["model_digest"] = m3.model_digest.has_value() ? absl::StrFormat("%016x", *m3.model_digest) : std::string();
+    man["header_crc32c"] = m3.header_crc32c;
+    man["turn_watermark"] = m3.turn_watermark;
+    Json meta = Json::object();
+    for (const auto& [k, v] : m3.metadata) meta[k] = v;
+    man["metadata"] = std::move(meta);
   }
   man["checksums"] = checksums;
   j["manifest"] = std::move(man);

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kvstore/coli_kv.h"
 #include "kvstore/coli_kv3.h"
+#include "kvstore/manifest_v3.h"
 #include "kvstore/env.h"
 #include "kvstore/session_file.h"
 
@@ -46,6 +47,7 @@ struct V3InspectReport {
   int current = -1;                // which of the two commit records
   std::string other_commit;        // why the other is not current ("" when valid and older)
   std::vector<int32_t> live_token_ids;  // of positions [T − n, T), at most max_tokens
+  std::optional<V3Manifest> manifest;   // when one parses
 };
 
 // What Inspect found. `problems` is empty for a healthy session file; each
@@ -79,8 +81,10 @@ absl::StatusOr<InspectReport> Inspect(Env* env, const std::string& path,
 
 // The v3 part of Inspect: fills report->v3, and with options.scan_records
 // reads every live token record and the whole block log, each problem a
-// DATA_LOSS entry. A v3 file has no manifest; an expected fingerprint is a
-// FAILED_PRECONDITION problem (nothing to compare it with).
+// DATA_LOSS entry; reads the v3 manifest (kvstore/manifest_v3.h) and checks
+// it against the header, the committed tokens and the expected fingerprint
+// and model digest (as for v1/v2: FAILED_PRECONDITION when there is none or
+// it differs).
 absl::Status InspectV3(Env* env, const std::string& path, const InspectOptions& options,
                        InspectReport* report);
 

@@ -199,7 +199,7 @@ TEST_F(InspectTest, ConvertCarriesTheManifest) {
 }
 
 // v3 files: the report names the commit and the live tokens; damage is
-// DATA_LOSS; a model to compare with is FAILED_PRECONDITION (no fingerprint).
+// DATA_LOSS; the manifest is required and checked like a v1/v2 one.
 TEST(InspectV3Test, HealthyAndDamagedFiles) {
   auto rng = testing::FreshRng();
   V3Header h = testing::RandomV3Header(rng);
@@ -227,12 +227,42 @@ TEST(InspectV3Test, HealthyAndDamagedFiles) {
   const int64_t n = std::min<int64_t>(7, model.sizes().live);
   ASSERT_EQ(j["v3"]["live_token_ids"].size(), static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(j["v3"]["live_token_ids"][i], testing::I32(model.Token(7 - n + i), 4));
-  EXPECT_TRUE(j["ok"]);
-  EXPECT_TRUE(VerifyFile(&env, path, o).ok());
+  // Without a manifest (a file written outside the store), as for v1/v2.
+  EXPECT_FALSE(j["ok"]);
+  EXPECT_FALSE(j["manifest"]["present"]);
+  EXPECT_EQ(VerifyFile(&env, path, o).code(), absl::StatusCode::kFailedPrecondition);
 
+  // With one: the fingerprint is compared, the header CRC32C and the
+  // watermark are checked.
+  V3Manifest m;
+  m.fingerprint = 0x1234;
+  m.header_crc32c = V3HeaderCrc(h);
+  m.turn_watermark = 7;
+  m.metadata["k"] = "v";
+  ASSERT_TRUE(WriteV3Manifest(&env, ManifestPath(path), m).ok());
+  const Json jm = Json::parse(*InspectFile(&env, path, o));
+  EXPECT_TRUE(jm["ok"]) << jm.dump();
+  EXPECT_EQ(jm["manifest"]["fingerprint"], "0000000000001234");
+  EXPECT_EQ(jm["manifest"]["turn_watermark"], 7);
+  EXPECT_EQ(jm["manifest"]["metadata"]["k"], "v");
+  EXPECT_TRUE(VerifyFile(&env, path, o).ok());
   InspectOptions with_model;
+  with_model.expected_fingerprint = ModelIdentity(0x1234, std::nullopt);
+  EXPECT_TRUE(VerifyFile(&env, path, with_model).ok());
   with_model.expected_fingerprint = ModelIdentity(1, std::nullopt);
   EXPECT_EQ(VerifyFile(&env, path, with_model).code(), absl::StatusCode::kFailedPrecondition);
+  InspectOptions with_digest;
+  with_digest.expected_model_digest = 5;
+  EXPECT_EQ(VerifyFile(&env, path, with_digest).code(), absl::StatusCode::kFailedPrecondition);
+  m.turn_watermark = 8;  // beyond the committed tokens
+  ASSERT_TRUE(WriteV3Manifest(&env, ManifestPath(path), m).ok());
+  EXPECT_EQ(VerifyFile(&env, path, o).code(), absl::StatusCode::kDataLoss);
+  m.turn_watermark = 7;
+  m.header_crc32c ^= 1;  // another file's manifest
+  ASSERT_TRUE(WriteV3Manifest(&env, ManifestPath(path), m).ok());
+  EXPECT_EQ(VerifyFile(&env, path, o).code(), absl::StatusCode::kDataLoss);
+  m.header_crc32c ^= 1;
+  ASSERT_TRUE(WriteV3Manifest(&env, ManifestPath(path), m).ok());
 
   // The last block record damaged.
   std::string bytes = *ReadFileToString(&env, path, 1 << 30);

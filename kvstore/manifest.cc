@@ -10,19 +10,19 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kvstore/crc32c.h"
+#include "kvstore/manifest_internal.h"
 #include "nlohmann/json.hpp"
 
 namespace strata::kv {
+namespace manifest_internal {
 namespace {
 
-using Json = nlohmann::json;
-
-constexpr char kFormatName[] = "strata.coli_kv.manifest";
 constexpr std::string_view kTrailerPrefix = "crc32c ";
 constexpr size_t kTrailerBytes = 7 + 8 + 1;  // "crc32c " + 8 hex digits + '\n'
-constexpr int64_t kMaxRecords = std::numeric_limits<int32_t>::max();
 // Nesting of a valid manifest: top object → dims/metadata object or array.
 constexpr int kMaxDepth = 2;
+
+}  // namespace
 
 bool ValidUtf8(std::string_view s) {
   size_t i = 0;
@@ -134,7 +134,46 @@ absl::Status CheckKeys(const Json& obj, std::initializer_list<std::string_view> 
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status ValidateMetadata(const std::map<std::string, std::string>& metadata) {
+  auto bad = [](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid manifest: ", why));
+  };
+  if (metadata.size() > kMaxMetadataEntries) {
+    return bad(absl::StrCat("more than ", kMaxMetadataEntries, " metadata entries"));
+  }
+  for (const auto& [k, v] : metadata) {
+    if (k.empty() || k.size() > kMaxMetadataKeyBytes) {
+      return bad(absl::StrCat("metadata keys must have 1 to ", kMaxMetadataKeyBytes, " bytes"));
+    }
+    if (v.size() > kMaxMetadataValueBytes) {
+      return bad(absl::StrCat("metadata value of \"", k, "\" exceeds ", kMaxMetadataValueBytes,
+                              " bytes"));
+    }
+    if (!ValidUtf8(k) || !ValidUtf8(v)) return bad("metadata must be valid UTF-8");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> GetMetadata(const Json& j) {
+  const Json& meta = j["metadata"];
+  if (!meta.is_object()) return Corrupt("\"metadata\" is not an object");
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : meta.items()) {
+    if (!v.is_string()) return Corrupt("metadata values must be strings");
+    out.emplace(k, v.get<std::string>());
+  }
+  return out;
+}
+
+std::string SealManifest(const Json& j) {
+  std::string body = j.dump() + "\n";
+  body += absl::StrFormat("crc32c %08x\n", crc32c::Value(body));
+  return body;
+}
+
+}  // namespace manifest_internal
+
+using namespace manifest_internal;  // NOLINT: this file's own helpers
 
 std::string ManifestPath(const std::string& data_path) { return data_path + ".manifest"; }
 
@@ -169,20 +208,7 @@ absl::Status ValidateManifest(const Manifest& m) {
   if (m.turn_watermark < 0 || m.turn_watermark > kMaxRecords) {
     return bad("turn_watermark out of range");
   }
-  if (m.metadata.size() > kMaxMetadataEntries) {
-    return bad(absl::StrCat("more than ", kMaxMetadataEntries, " metadata entries"));
-  }
-  for (const auto& [k, v] : m.metadata) {
-    if (k.empty() || k.size() > kMaxMetadataKeyBytes) {
-      return bad(absl::StrCat("metadata keys must have 1 to ", kMaxMetadataKeyBytes, " bytes"));
-    }
-    if (v.size() > kMaxMetadataValueBytes) {
-      return bad(absl::StrCat("metadata value of \"", k, "\" exceeds ", kMaxMetadataValueBytes,
-                              " bytes"));
-    }
-    if (!ValidUtf8(k) || !ValidUtf8(v)) return bad("metadata must be valid UTF-8");
-  }
-  return absl::OkStatus();
+  return ValidateMetadata(m.metadata);
 }
 
 std::string SerializeManifest(const Manifest& m) {
@@ -209,12 +235,12 @@ std::string SerializeManifest(const Manifest& m) {
   Json meta = Json::object();
   for (const auto& [k, v] : m.metadata) meta[k] = v;
   j["metadata"] = std::move(meta);
-  std::string body = j.dump() + "\n";
-  body += absl::StrFormat("crc32c %08x\n", crc32c::Value(body));
-  return body;
+  return SealManifest(j);
 }
 
-absl::StatusOr<Manifest> ParseManifest(std::string_view bytes) {
+namespace manifest_internal {
+
+absl::StatusOr<Json> ParseManifestJson(std::string_view bytes, int64_t* version) {
   if (bytes.size() > kMaxManifestBytes) return Corrupt("larger than 64 MiB");
   if (bytes.size() < kTrailerBytes + 3) return Corrupt("too short");
   const std::string_view body = bytes.substr(0, bytes.size() - kTrailerBytes);
@@ -278,7 +304,19 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view bytes) {
   if (fmt == j.end() || !fmt->is_string() || fmt->get<std::string>() != kFormatName) {
     return Corrupt(absl::StrCat("\"format\" is not \"", kFormatName, "\""));
   }
-  ASSIGN_OR_RETURN(int64_t version, GetInt(j, "version", 1, std::numeric_limits<int32_t>::max()));
+  ASSIGN_OR_RETURN(*version, GetInt(j, "version", 1, std::numeric_limits<int32_t>::max()));
+  return j;
+}
+
+}  // namespace manifest_internal
+
+absl::StatusOr<Manifest> ParseManifest(std::string_view bytes) {
+  int64_t version = 0;
+  ASSIGN_OR_RETURN(Json j, ParseManifestJson(bytes, &version));
+  if (version == kV3ManifestVersion) {
+    return absl::FailedPreconditionError(
+        "manifest version 3 belongs to a v3 (DeepSeek-V4) data file: read it with ReadV3Manifest");
+  }
   if (version > Manifest::kFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat("manifest format version ", version,
                                                       " is newer than this build supports (",
@@ -349,12 +387,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view bytes) {
     m.chunk_crc32c.push_back(static_cast<uint32_t>(v.get<uint64_t>()));
   }
   ASSIGN_OR_RETURN(m.turn_watermark, GetInt(j, "turn_watermark", 0, kMaxRecords));
-  const Json& meta = j["metadata"];
-  if (!meta.is_object()) return Corrupt("\"metadata\" is not an object");
-  for (const auto& [k, v] : meta.items()) {
-    if (!v.is_string()) return Corrupt("metadata values must be strings");
-    m.metadata.emplace(k, v.get<std::string>());
-  }
+  ASSIGN_OR_RETURN(m.metadata, GetMetadata(j));
   if (absl::Status s = ValidateManifest(m); !s.ok()) return Corrupt(s.message());
   return m;
 }
@@ -397,6 +430,15 @@ absl::StatusOr<std::vector<uint32_t>> ComputeChunkCrcs(const ColiKvReader& reade
 }
 
 absl::Status CheckModelIdentity(const Manifest& m, const ModelIdentity& model, std::string_view what) {
+  return CheckModelIdentity(m.fingerprint, m.fingerprint_version, model, what);
+}
+
+absl::Status CheckModelIdentity(uint64_t fingerprint, int32_t fingerprint_version, const ModelIdentity& model,
+                                std::string_view what) {
+  struct {
+    uint64_t fingerprint;
+    int32_t fingerprint_version;
+  } m{fingerprint, fingerprint_version};
   std::optional<uint64_t> want = model.fingerprint;
   if (m.fingerprint_version != Manifest::kCurrentFingerprintVersion) want = model.legacy_fingerprint;
   if (!want.has_value()) {

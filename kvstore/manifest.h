@@ -85,6 +85,13 @@ struct ModelIdentity {
 // saying that the caller has no value of that version). `what` names the
 // session or file in the message.
 absl::Status CheckModelIdentity(const Manifest& m, const ModelIdentity& model, std::string_view what);
+// The same for a fingerprint of the given algorithm version (v3 manifests).
+absl::Status CheckModelIdentity(uint64_t fingerprint, int32_t fingerprint_version, const ModelIdentity& model,
+                                std::string_view what);
+
+// The manifest `version` of a v3 data file's manifest (kvstore/manifest_v3.h);
+// ParseManifest refuses it with FAILED_PRECONDITION.
+inline constexpr int kV3ManifestVersion = 3;
 
 // Limits enforced by ValidateManifest / ParseManifest.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;

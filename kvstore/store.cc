@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kvstore/coli_kv3_file.h"
 #include "kvstore/coli_kv_file.h"
 
 namespace strata::kv {
@@ -78,15 +79,15 @@ Store::~Store() {
   CommitAll();
 }
 
-void Store::Enqueue(std::weak_ptr<Session> s) {
+void Store::Enqueue(std::function<void()> commit) {
   if (threads_.empty()) return;  // the owner runs CommitAll
   absl::MutexLock lock(&queue_mu_);
-  queue_.push_back(std::move(s));
+  queue_.push_back(std::move(commit));
 }
 
 void Store::CommitLoop() {
   while (true) {
-    std::weak_ptr<Session> next;
+    std::function<void()> next;
     {
       absl::MutexLock lock(&queue_mu_);
       queue_mu_.Await(absl::Condition(
@@ -98,20 +99,25 @@ void Store::CommitLoop() {
       next = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (std::shared_ptr<Session> s = next.lock()) {
-      (void)s->Commit();  // a failure is delivered to the session's writers
-    }
+    next();
   }
 }
 
 void Store::CommitAll() {
   std::vector<std::shared_ptr<Session>> all;
+  std::vector<std::shared_ptr<V3Session>> all_v3;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, s] : sessions_) all.push_back(s);
+    for (auto& [id, s] : v3_sessions_) all_v3.push_back(s);
   }
   for (auto& s : all) {
     while (s->NeedsCommit() && s->health().ok()) {
+      if (!s->Commit().ok()) break;
+    }
+  }
+  for (auto& s : all_v3) {
+    while (s->NeedsCommit()) {
       if (!s->Commit().ok()) break;
     }
   }
@@ -119,10 +125,30 @@ void Store::CommitAll() {
 
 void Store::Attach(const std::shared_ptr<Session>& s) {
   std::weak_ptr<Session> weak = s;
-  s->SetCommitRequester([this, weak] { Enqueue(weak); });
+  s->SetCommitRequester([this, weak] {
+    Enqueue([weak] {
+      if (std::shared_ptr<Session> s = weak.lock()) (void)s->Commit();  // failures go to the writers
+    });
+  });
+}
+
+void Store::AttachV3(const std::shared_ptr<V3Session>& s) {
+  std::weak_ptr<V3Session> weak = s;
+  s->SetCommitRequester([this, weak] {
+    Enqueue([weak] {
+      if (std::shared_ptr<V3Session> s = weak.lock()) (void)s->Commit();
+    });
+  });
 }
 
 void Store::EvictIdleLocked() {
+  for (auto it = v3_sessions_.begin(); it != v3_sessions_.end() && v3_sessions_.size() > options_.max_open_sessions;) {
+    if (it->second.use_count() == 1 && it->second->idle() && !it->second->NeedsCommit()) {
+      it = v3_sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   if (sessions_.size() <= options_.max_open_sessions) return;
   for (auto it = sessions_.begin(); it != sessions_.end() && sessions_.size() > options_.max_open_sessions;) {
     if (it->second.use_count() == 1 && it->second->idle() && !it->second->NeedsCommit()) {
@@ -139,7 +165,7 @@ absl::StatusOr<std::shared_ptr<Session>> Store::Create(const std::string& id,
   // Held across the file operations: creation is rare and quick, and it keeps
   // a concurrent Get or Delete of the same id from racing it.
   absl::MutexLock lock(&mu_);
-  if (sessions_.count(id) > 0) {
+  if (sessions_.count(id) > 0 || v3_sessions_.count(id) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("session \"", id, "\" already exists"));
   }
   SessionSpec s = spec;
@@ -152,12 +178,72 @@ absl::StatusOr<std::shared_ptr<Session>> Store::Create(const std::string& id,
   return session;
 }
 
+absl::StatusOr<std::shared_ptr<V3Session>> Store::CreateV3(const std::string& id, const V3SessionSpec& spec) {
+  RETURN_IF_ERROR(ValidateSessionId(id));
+  absl::MutexLock lock(&mu_);
+  if (sessions_.count(id) > 0 || v3_sessions_.count(id) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("session \"", id, "\" already exists"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<V3Session> created, V3Session::Create(env_, options_.dir, id, spec));
+  std::shared_ptr<V3Session> session = std::move(created);
+  AttachV3(session);
+  EvictIdleLocked();
+  v3_sessions_[id] = session;
+  return session;
+}
+
+absl::StatusOr<Store::AnySession> Store::GetAny(const std::string& id,
+                                                const std::optional<ModelIdentity>& expected_fingerprint) {
+  RETURN_IF_ERROR(ValidateSessionId(id));
+  std::shared_ptr<V3Session> v3;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = v3_sessions_.find(id);
+    if (it != v3_sessions_.end()) {
+      const absl::Status health = it->second->health();
+      if (health.ok()) {
+        v3 = it->second;
+      } else if (it->second.use_count() == 1 && it->second->idle()) {
+        v3_sessions_.erase(it);  // failed and unused: reopen from what is on disk
+      } else {
+        return health;
+      }
+    }
+    if (!v3 && sessions_.count(id) == 0) {
+      // Not open: the data file's magic says which kind it is.
+      const std::string path = Session::DataPath(options_.dir, id);
+      if (!env_->FileExists(path)) return absl::NotFoundError(absl::StrCat("no session \"", id, "\""));
+      char magic[8] = {};
+      ASSIGN_OR_RETURN(std::unique_ptr<File> f, env_->Open(path, OpenMode::kRead));
+      ASSIGN_OR_RETURN(size_t got, f->Read(0, sizeof(magic), magic));
+      if (got == sizeof(magic) && std::string_view(magic, 8) == kMagicV3) {
+        ASSIGN_OR_RETURN(std::unique_ptr<V3Session> opened, V3Session::Open(env_, options_.dir, id));
+        v3 = std::move(opened);
+        AttachV3(v3);
+        EvictIdleLocked();
+        v3_sessions_[id] = v3;
+      }
+    }
+  }
+  AnySession any;
+  if (v3) {
+    RETURN_IF_ERROR(v3->CheckFingerprint(expected_fingerprint));
+    any.v3 = std::move(v3);
+    return any;
+  }
+  ASSIGN_OR_RETURN(any.v2, Get(id, expected_fingerprint));
+  return any;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> Store::Get(const std::string& id,
                                                     const std::optional<ModelIdentity>& expected_fingerprint) {
   RETURN_IF_ERROR(ValidateSessionId(id));
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
+    if (v3_sessions_.count(id) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" is a v3 (DeepSeek-V4) session"));
+    }
     auto it = sessions_.find(id);
     if (it != sessions_.end()) {
       const absl::Status health = it->second->health();
@@ -194,6 +280,12 @@ absl::Status Store::Delete(const std::string& id) {
   if (it != sessions_.end()) {
     RETURN_IF_ERROR(it->second->DeleteFiles());
     sessions_.erase(it);
+    return absl::OkStatus();
+  }
+  auto it3 = v3_sessions_.find(id);
+  if (it3 != v3_sessions_.end()) {
+    RETURN_IF_ERROR(it3->second->DeleteFiles());
+    v3_sessions_.erase(it3);
     return absl::OkStatus();
   }
   // Not open (perhaps because it cannot be opened): delete the files as they are.
@@ -255,6 +347,12 @@ absl::StatusOr<std::vector<SessionSummary>> Store::List(const std::string& prefi
       s.file_bytes = (*r)->file_size();
       if (!env_->FileExists(ManifestPath(path))) {
         s.problem = absl::FailedPreconditionError("no manifest: import it first");
+      }
+    } else if (absl::StatusOr<std::unique_ptr<ColiKv3Reader>> r3 = ColiKv3Reader::Open(env_, path); r3.ok()) {
+      s.nrec = (*r3)->num_tokens();
+      s.file_bytes = (*r3)->file_size();
+      if (!env_->FileExists(ManifestPath(path))) {
+        s.problem = absl::FailedPreconditionError("a v3 file without a manifest (written outside the store)");
       }
     } else {
       s.problem = r.status();

@@ -1,7 +1,9 @@
 // Store: the directory of sessions behind the `strata-kvstore` service. It
 // validates session ids, creates, opens (lazily, cached), lists and deletes
 // sessions, and runs the group-commit threads that call Session::Commit for
-// every session with written data (docs/coli-kv.md, "The KV store").
+// every session with written data (docs/coli-kv.md, "The KV store"). A
+// session is a v1/v2 file (Session) or a v3 file holding DeepSeek-V4 state
+// (V3Session); the data file's magic says which.
 //
 // One process owns a directory at a time (a LOCK file). At open, leftovers
 // of interrupted operations are removed: temporary `*.tmp` files and
@@ -13,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kvstore/env.h"
 #include "kvstore/session.h"
+#include "kvstore/session_v3.h"
 
 namespace strata::kv {
 
@@ -78,6 +82,19 @@ class Store {
   absl::StatusOr<std::shared_ptr<Session>> Get(const std::string& id,
                                                const std::optional<ModelIdentity>& expected_fingerprint = {});
 
+  // A v3 (DeepSeek-V4) session; the codes of Create.
+  absl::StatusOr<std::shared_ptr<V3Session>> CreateV3(const std::string& id, const V3SessionSpec& spec);
+
+  // Either kind of session: exactly one member is set.
+  struct AnySession {
+    std::shared_ptr<Session> v2;
+    std::shared_ptr<V3Session> v3;
+  };
+  // Opens (or returns the cached) session of either kind, with Get's codes.
+  // (Get itself answers FAILED_PRECONDITION for a v3 session.)
+  absl::StatusOr<AnySession> GetAny(const std::string& id,
+                                    const std::optional<ModelIdentity>& expected_fingerprint = {});
+
   // Deletes a session's files (also a damaged session's). NOT_FOUND when
   // there is no such session; FAILED_PRECONDITION while writers are open.
   absl::Status Delete(const std::string& id);
@@ -101,9 +118,10 @@ class Store {
 
  private:
   Store(Env* env, StoreOptions options, std::unique_ptr<FileLock> lock);
-  void Enqueue(std::weak_ptr<Session> s);
+  void Enqueue(std::function<void()> commit);
   void CommitLoop();
   void Attach(const std::shared_ptr<Session>& s);
+  void AttachV3(const std::shared_ptr<V3Session>& s);
   void EvictIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Env* const env_;
@@ -115,9 +133,10 @@ class Store {
   // commits or loads.
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<V3Session>> v3_sessions_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex queue_mu_;
-  std::deque<std::weak_ptr<Session>> queue_ ABSL_GUARDED_BY(queue_mu_);
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(queue_mu_);  // commit rounds
   bool stop_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::vector<std::thread> threads_;
 };

@@ -279,6 +279,29 @@ absl::Status CheckStageRange(const ModelConfig& config, int begin, int* end) {
   return absl::OkStatus();
 }
 
+// deepseek_v4's serving view: sizes, layer count, context, token ids; every
+// layer a whole pipeline unit (its window and compressors stay with it). The
+// V4 engine parses and checks the rest (model/v4/config.h) when it loads.
+absl::Status ParseV4ServingView(const json& j, ModelConfig* c) {
+  constexpr int64_t kBig = int64_t{1} << 24;
+  ASSIGN_OR_RETURN(c->vocab_size, GetInt(j, "vocab_size", 0, true, 1, int64_t{1} << 22));
+  ASSIGN_OR_RETURN(c->hidden_size, GetInt(j, "hidden_size", 0, true, 1, kBig));
+  ASSIGN_OR_RETURN(c->num_layers, GetInt(j, "num_hidden_layers", 0, true, 1, 4096));
+  ASSIGN_OR_RETURN(c->num_heads, GetInt(j, "num_attention_heads", 0, true, 1, 4096));
+  ASSIGN_OR_RETURN(c->hidden_streams, GetInt(j, "hc_mult", 4, false, 1, 64));
+  ASSIGN_OR_RETURN(c->max_position_embeddings, GetInt(j, "max_position_embeddings", 1048576, false, 1, int64_t{1} << 31));
+  ASSIGN_OR_RETURN(c->kv_lora_rank, GetInt(j, "head_dim", 512, false, 1, 65536));
+  ASSIGN_OR_RETURN(c->index_head_dim, GetInt(j, "index_head_dim", 128, false, 0, 65536));
+  c->layers.assign(static_cast<size_t>(c->num_layers), LayerSpec{true, IndexerMode::kNone});
+  RETURN_IF_ERROR(AppendIds(j, "eos_token_id", &c->eos_token_ids));
+  std::vector<int> bos;
+  RETURN_IF_ERROR(AppendIds(j, "bos_token_id", &bos));
+  c->bos_token_id = bos.empty() ? -1 : bos[0];
+  std::sort(c->eos_token_ids.begin(), c->eos_token_ids.end());
+  c->eos_token_ids.erase(std::unique(c->eos_token_ids.begin(), c->eos_token_ids.end()), c->eos_token_ids.end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
   json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -296,11 +319,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
     c.family = ModelFamily::kGlmMoeDsa;
   } else if (c.model_type == "glm4_moe_lite") {
     c.family = ModelFamily::kGlm4MoeLite;
+  } else if (c.model_type == "deepseek_v4") {
+    c.family = ModelFamily::kDeepseekV4;
+    RETURN_IF_ERROR(ParseV4ServingView(j, &c));
+    return c;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json: field 'model_type' is '", c.model_type,
-        "'; supported: deepseek_v3, deepseek_v32, glm_moe_dsa, glm4_moe_lite",
-        c.model_type == "deepseek_v4" ? " (deepseek_v4 runs on the V4 engine: strata score and strata generate, not yet the workers)" : ""));
+        "'; supported: deepseek_v3, deepseek_v32, glm_moe_dsa, glm4_moe_lite, deepseek_v4"));
   }
   constexpr int64_t kBig = int64_t{1} << 24;
   ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", 0, true, 1, int64_t{1} << 22));
@@ -395,6 +421,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
       c.rope_interleave = true;
       c.has_dsa = true;
       c.indexer_rope_interleave = true;
+      break;
+    case ModelFamily::kDeepseekV4:  // returned above (its serving view)
       break;
   }
   c.softmax_scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));

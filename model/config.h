@@ -17,7 +17,11 @@
 
 namespace strata {
 
-enum class ModelFamily { kDeepseekV3, kDeepseekV32, kGlmMoeDsa, kGlm4MoeLite };
+// kDeepseekV4 is a serving view only (ParseModelConfig): what the
+// coordinator and the workers need to place, schedule and route a
+// deepseek_v4 model; its math and full config are model/v4/ (the MLA engine
+// refuses it).
+enum class ModelFamily { kDeepseekV3, kDeepseekV32, kGlmMoeDsa, kGlm4MoeLite, kDeepseekV4 };
 
 // How a layer's attention chooses its rows.
 enum class IndexerMode {
@@ -55,6 +59,11 @@ struct ModelConfig {
   int moe_intermediate_size = 0;  // one routed expert
   int num_layers = 0;             // num_hidden_layers (an MTP layer after them is ignored)
   int num_heads = 0;
+  // The hidden state handed between pipeline stages is hidden_streams ×
+  // hidden_size floats per token: hc_mult residual streams for deepseek_v4
+  // (docs/deepseek-v4.md §3), one for the other families.
+  int hidden_streams = 1;
+  int stream_width() const { return hidden_streams * hidden_size; }
 
   int q_lora_rank = 0;  // 0: queries come from q_proj directly
   int kv_lora_rank = 0;

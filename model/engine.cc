@@ -13,6 +13,9 @@ namespace strata {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Load(const std::string& model_dir,
                                                      const EngineOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  if (config.family == ModelFamily::kDeepseekV4) {
+    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": deepseek_v4 runs on its own engine (model/v4/)"));
+  }
   EngineOptions opt = options;
   RETURN_IF_ERROR(CheckStageRange(config, opt.layer_begin, &opt.layer_end));
   ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));

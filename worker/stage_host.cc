@@ -59,11 +59,13 @@ StageHost::~StageHost() {
   cv_.notify_all();
   compute_.join();
   std::shared_ptr<KvStoreClient> kvstore;
+  std::shared_ptr<V4Appenders> v4_store;
   {
     std::lock_guard<std::mutex> s(state_mu_);
     link_.reset();
     seqs_.clear();  // appenders half-close; the client below lets them drain briefly
     kvstore = std::move(kvstore_);
+    v4_store = std::move(v4_store_);
   }
 }
 
@@ -152,6 +154,9 @@ absl::Status StageHost::AssignImpl(const v1::AssignLayersRequest& req, v1::Assig
   }
   std::unique_ptr<Engine> engine;
   std::unique_ptr<DeviceStage> device;
+  std::unique_ptr<v4::V4Engine> v4;
+  ASSIGN_OR_RETURN(const ModelConfig view, LoadModelConfig(req.model_dir()));
+  const bool is_v4 = view.family == ModelFamily::kDeepseekV4;
   {
     // Reuse the loaded engine when only the epoch or the neighbours changed.
     std::lock_guard<std::mutex> s(state_mu_);
@@ -162,9 +167,12 @@ absl::Status StageHost::AssignImpl(const v1::AssignLayersRequest& req, v1::Assig
       engine = std::move(engine_);
       if (device_) seqs_.clear();  // device sequences go before their engine
       device = std::move(device_);
+      v4 = std::move(v4_);
     }
   }
-  if (options_.gpu && !device) {
+  if (is_v4) {
+    if (!v4) RETURN_IF_ERROR(LoadV4(req, view, &v4));
+  } else if (options_.gpu && !device) {
     {
       // The old stage's sequences and pages go before a new one is loaded.
       std::lock_guard<std::mutex> s(state_mu_);
@@ -181,12 +189,22 @@ absl::Status StageHost::AssignImpl(const v1::AssignLayersRequest& req, v1::Assig
   std::deque<Work> dropped;
   std::map<uint64_t, Pending> orphaned;
   std::shared_ptr<KvStoreClient> old_kvstore;
+  std::shared_ptr<V4Appenders> old_v4_store;
   std::map<uint64_t, Seq> old_seqs;
   {
     std::lock_guard<std::mutex> s(state_mu_);
     old_seqs.swap(seqs_);
     engine_ = std::move(engine);
     device_ = std::move(device);
+    v4_ = std::move(v4);
+    v4_view_ = view;
+    v4_layout_.reset();
+    if (v4_) v4_layout_ = std::make_unique<kv::V3Layout>(v4::V4KvHeader(v4_->config(), kv::V3RowFormat::kF32));
+    if (v4_store_ && v4_store_address_ != req.kvstore_address()) old_v4_store = std::move(v4_store_);
+    if (v4_ && !v4_store_ && !req.kvstore_address().empty()) {
+      v4_store_ = std::make_shared<V4Appenders>(grpc::CreateChannel(req.kvstore_address(), options_.credentials));
+      v4_store_address_ = req.kvstore_address();
+    }
     request_ = req;
     old_link = std::move(link_);
     ++link_generation_;
@@ -210,6 +228,7 @@ absl::Status StageHost::AssignImpl(const v1::AssignLayersRequest& req, v1::Assig
   old_link.reset();
   old_seqs.clear();     // their appenders drain in the background
   old_kvstore.reset();  // waits briefly for its appenders
+  old_v4_store.reset();
   for (auto& w : dropped) Fail(w.sink, w.batch.header.batch_id(), absl::AbortedError("the stage was re-assigned"), req.stage());
   for (auto& [id, p] : orphaned) Fail(p.sink, id, absl::AbortedError("the stage was re-assigned"), req.stage());
   resp->set_load_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -318,7 +337,7 @@ void StageHost::RunBatch(Work& w) {
     return;
   }
   v1::StageBatch header = std::move(w.batch.header);
-  header.set_hidden_size(header.chunks_size() > 0 ? config().hidden_size : 0);
+  header.set_hidden_size(header.chunks_size() > 0 ? config().stream_width() : 0);
   if (id != 0) {
     std::lock_guard<std::mutex> l(mu_);
     pending_[id] = Pending{w.sink, Clock::now(), m};
@@ -342,7 +361,7 @@ void StageHost::RunBatch(Work& w) {
 
 absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   const ModelConfig& cfg = config();
-  const int H = cfg.hidden_size;
+  const int H = cfg.stream_width();  // floats per row on the wire
   const v1::StageBatch& h = batch.header;
   std::vector<int> all_tokens;
   std::vector<std::vector<int>> chunk_tokens(h.chunks_size());
@@ -359,6 +378,8 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
       Seq fresh;
       if (device_) {
         ASSIGN_OR_RETURN(fresh.dev, device_->NewSequence());
+      } else if (v4_) {
+        fresh.v4 = v4_->NewSequence();
       } else {
         fresh.kv = engine_->NewSequence();
       }
@@ -382,12 +403,18 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " says ", h.total_rows(),
                                                    " rows but its chunks hold ", rows, " tokens"));
   }
-  const bool first = device_ ? device_->first_stage() : engine_->first_stage();
+  const bool first = first_stage();
   if (!first && (h.hidden_size() != H || batch.hidden.size() != static_cast<size_t>(rows) * H)) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", h.batch_id(), " carries rows of ", h.hidden_size(),
-                                                   " floats; this model's hidden size is ", H));
+                                                   " floats; this model's hidden size is ", H,
+                                                   cfg.hidden_streams > 1
+                                                       ? absl::StrCat(" (", cfg.hidden_streams, " streams of ",
+                                                                      cfg.hidden_size, ")")
+                                                       : std::string()));
   }
-  if (device_) {
+  if (v4_) {
+    RETURN_IF_ERROR(RunV4Locked(h, chunk_tokens, all_tokens, &batch.hidden));
+  } else if (device_) {
     std::vector<DeviceChunk> chunks;
     for (int i = 0; i < h.chunks_size(); ++i) chunks.push_back({seqs_[h.chunks(i).seq_id()].dev.get(), chunk_tokens[i]});
     RETURN_IF_ERROR(device_->Run(chunks, &batch.hidden));  // RunBatch logs a failure
@@ -449,7 +476,8 @@ absl::Status StageHost::Compute(Batch& batch, v1::StageResult* result) {
   }
   const int n_logits = count[kHost];
   std::vector<float> logits(static_cast<size_t>(n_logits) * V);
-  if (n_logits > 0) RETURN_IF_ERROR(engine_->Logits(rows_of[kHost].data(), n_logits, logits.data()));
+  if (n_logits > 0 && v4_) RETURN_IF_ERROR(v4_->Logits(rows_of[kHost].data(), n_logits, logits.data()));
+  if (n_logits > 0 && !v4_) RETURN_IF_ERROR(engine_->Logits(rows_of[kHost].data(), n_logits, logits.data()));
   for (size_t k = 0; k < sample_chunks.size(); ++k) {
     const v1::StageChunk& c = h.chunks(sample_chunks[k]);
     Seq& seq = seqs_[c.seq_id()];
@@ -565,6 +593,7 @@ std::unique_ptr<SequenceKv> StageHost::NewMirror() const {
 
 absl::Status StageHost::PersistLocked(const v1::StageChunk& c, const std::vector<int>& tokens, Seq& seq) {
   if (!c.persist() || c.session_id().empty() || !kvstore_) return absl::OkStatus();
+  if (seq.v4) return PersistV4Locked(c, tokens, seq);
   if (seq.dev) {
     // The appender reads rows from a host cache: copy the new rows down.
     if (!seq.kv) seq.kv = NewMirror();
@@ -609,6 +638,7 @@ absl::Status StageHost::LoadSessionImpl(const v1::LoadSessionRequest& req, v1::L
   std::shared_ptr<KvStoreClient> client;
   SliceLayout layout;
   KvModelId model;
+  bool is_v4 = false;
   {
     std::lock_guard<std::mutex> s(state_mu_);
     if (!loaded()) return absl::FailedPreconditionError(absl::StrCat(options_.name, " has no layers assigned"));
@@ -624,11 +654,13 @@ absl::Status StageHost::LoadSessionImpl(const v1::LoadSessionRequest& req, v1::L
       return absl::InvalidArgumentError(absl::StrCat("cannot load ", req.tokens(), " tokens: the context is ",
                                                      config().max_position_embeddings));
     }
-    kv = device_ ? NewMirror() : engine_->NewSequence();
+    is_v4 = v4_ != nullptr;
+    if (!is_v4) kv = device_ ? NewMirror() : engine_->NewSequence();
     client = kvstore_;
     layout = layout_;
     model = ModelId();
   }
+  if (is_v4) return LoadV4Session(req, resp);
   // Off the lock: the compute thread keeps serving other sequences.
   std::vector<int> ids;
   RETURN_IF_ERROR(client->Load(req.session_id(), model, layout, req.tokens(), kv.get(), &ids));
@@ -675,6 +707,10 @@ void StageHost::UpdateStatsLocked() {
   stats_.set_sequences(static_cast<int64_t>(seqs_.size()));
   int64_t pages = 0, bytes = 0;
   for (const auto& [id, s] : seqs_) {
+    if (s.v4) {
+      bytes += static_cast<int64_t>(s.v4->bytes());
+      continue;
+    }
     if (s.dev) {
       pages += s.dev->num_pages() * (request_.layer_end() - request_.layer_begin());
       bytes += s.dev->num_pages() * device_->page_bytes();

@@ -39,9 +39,12 @@
 #include "grpcpp/security/credentials.h"
 #include "model/engine.h"
 #include "model/sampler.h"
+#include "model/v4/engine.h"
+#include "model/v4/kv_state.h"
 #include "strata/v1/worker.pb.h"
 #include "worker/device_stage.h"
 #include "worker/kv_persist.h"
+#include "worker/kv_persist_v4.h"
 #include "worker/stage_link.h"
 #include "worker/stage_metrics.h"
 #include "worker/stage_wire.h"
@@ -131,6 +134,8 @@ class StageHost {
     // KV store (null until the sequence persists).
     std::unique_ptr<SequenceKv> kv;
     std::unique_ptr<DeviceSequence> dev;  // GPU stage: the cache
+    std::unique_ptr<v4::V4Sequence> v4;   // deepseek_v4 stage: the carried state
+    std::unique_ptr<V4Appender> v4persist;  // its steps to the KV store
     std::unique_ptr<Sampler> sampler;
     int logprobs = -1;
     std::unique_ptr<KvAppender> persist;  // rows to the KV store
@@ -167,11 +172,30 @@ class StageHost {
   int64_t FreeLocked(const std::vector<uint64_t>& ids, bool all);
   void UpdateStatsLocked();
   // The loaded stage, CPU or GPU (REQUIRES: state_mu_ held, loaded()).
-  bool loaded() const { return engine_ || device_; }
-  const ModelConfig& config() const { return device_ ? device_->config() : engine_->config(); }
-  bool last_stage() const { return device_ ? device_->last_stage() : engine_->last_stage(); }
-  uint64_t weight_bytes() const { return device_ ? device_->weight_bytes() : engine_->weight_bytes(); }
-  static int64_t Tokens(const Seq& s) { return s.dev ? s.dev->num_tokens() : s.kv->num_tokens(); }
+  bool loaded() const { return engine_ || device_ || v4_; }
+  const ModelConfig& config() const { return device_ ? device_->config() : v4_ ? v4_view_ : engine_->config(); }
+  bool first_stage() const {
+    return device_ ? device_->first_stage() : v4_ ? v4_->first_stage() : engine_->first_stage();
+  }
+  bool last_stage() const { return device_ ? device_->last_stage() : v4_ ? v4_->last_stage() : engine_->last_stage(); }
+  uint64_t weight_bytes() const {
+    return device_ ? device_->weight_bytes() : v4_ ? v4_->weight_bytes() : engine_->weight_bytes();
+  }
+  static int64_t Tokens(const Seq& s) {
+    return s.dev ? s.dev->num_tokens() : s.v4 ? s.v4->num_tokens() : s.kv->num_tokens();
+  }
+  // Loads a deepseek_v4 stage (CPU, f32 state) for `req` into *engine.
+  absl::Status LoadV4(const v1::AssignLayersRequest& req, const ModelConfig& view,
+                      std::unique_ptr<v4::V4Engine>* engine) const;
+  // Runs the layers of a deepseek_v4 stage on a batch (embedding first on
+  // stage 0); the rows are stream_width() wide.
+  // PersistLocked / LoadSession of a deepseek_v4 sequence: each step's
+  // parts of this stage's layers to the KV store, and the stored state of
+  // those layers back (docs/coli-kv.md, "V4 sessions in the KV store").
+  absl::Status PersistV4Locked(const v1::StageChunk& c, const std::vector<int>& tokens, Seq& seq);
+  absl::Status LoadV4Session(const v1::LoadSessionRequest& req, v1::LoadSessionResponse* resp);
+  absl::Status RunV4Locked(const v1::StageBatch& h, const std::vector<std::vector<int>>& chunk_tokens,
+                           const std::vector<int>& all_tokens, std::vector<float>* hidden);
   // An empty host cache of this stage's layers in the KV store's form.
   std::unique_ptr<SequenceKv> NewMirror() const;
   // The model identity of request_ for the KV store. REQUIRES: state_mu_ held.
@@ -186,6 +210,12 @@ class StageHost {
   std::mutex state_mu_;  // engine_, seqs_, request_, link_
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DeviceStage> device_;  // instead of engine_ on a GPU stage
+  std::unique_ptr<v4::V4Engine> v4_;     // instead of engine_ for deepseek_v4
+  ModelConfig v4_view_;                  // its serving view (model/config.h)
+  std::unique_ptr<kv::V3Layout> v4_layout_;  // its state's v3 layout (f32 rows)
+  // V4 appenders and loads; kept across assignments to the same KV store.
+  std::shared_ptr<V4Appenders> v4_store_;
+  std::string v4_store_address_;
   std::map<uint64_t, Seq> seqs_;
   v1::AssignLayersRequest request_;
   std::unique_ptr<StageLink> link_;

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kvstore/server/service.h"
 #include "kvstore/session.h"
+#include "kvstore/session_v3.h"
 
 namespace strata::kv {
 namespace {
@@ -140,22 +141,25 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
         return absl::InvalidArgumentError("the first message of an Append stream must be `open`");
       }
       const strata::v1::AppendOpen& o = request_.open();
-      absl::StatusOr<std::shared_ptr<Session>> s = store_->Get(o.session_id(), ExpectedModel(o));
+      absl::StatusOr<Store::AnySession> s = store_->GetAny(o.session_id(), ExpectedModel(o));
       if (!s.ok()) return s.status();
       std::optional<int64_t> start;
       if (o.has_start_position()) start = o.start_position();
       absl::StatusOr<Session::WriterGrant> g =
-          (*s)->OpenWriter(o.layer_begin(), o.layer_end(), start, listener_);
+          s->v3 ? s->v3->OpenWriter(o.layer_begin(), o.layer_end(), start, listener_)
+                : s->v2->OpenWriter(o.layer_begin(), o.layer_end(), start, listener_);
       if (!g.ok()) return g.status();
       {
         absl::MutexLock lock(&mu_);
-        session_ = *s;
+        session_ = s->v2;
+        v3_ = s->v3;
         writer_id_ = g->writer_id;
         opened_ = true;
         AppendResponse r;
         r.mutable_opened()->set_nrec(g->nrec);
         r.mutable_opened()->set_next_position(g->next_position);
         r.mutable_opened()->set_slice_bytes(g->slice_bytes);
+        if (v3_) r.mutable_opened()->set_live_tokens(v3_->layout().live_tokens());
         pending_opened_ = std::move(r);
         sent_nrec_ = g->nrec;
       }
@@ -166,17 +170,26 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
       return absl::InvalidArgumentError("after `open`, an Append stream carries only `rows`");
     }
     std::shared_ptr<Session> session;
+    std::shared_ptr<V3Session> v3;
     int64_t writer;
     {
       absl::MutexLock lock(&mu_);
       session = session_;
+      v3 = v3_;
       writer = writer_id_;
     }
     const strata::v1::AppendRows& rows = request_.rows();
     const std::span<const int32_t> tokens(rows.token_ids().data(),
                                           static_cast<size_t>(rows.token_ids_size()));
     const auto t0 = std::chrono::steady_clock::now();
-    absl::Status s = session->Write(writer, rows.position(), tokens, rows.rows());
+    absl::Status s;
+    if (v3) {
+      s = v3->Write(writer, rows.position(), tokens, rows.rows(), rows.blocks());
+    } else if (!rows.blocks().empty()) {
+      s = absl::InvalidArgumentError("block records belong to v3 sessions only");
+    } else {
+      s = session->Write(writer, rows.position(), tokens, rows.rows());
+    }
     metrics_->append_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (s.ok()) metrics_->bytes_appended->Inc(static_cast<double>(rows.rows().size()));
     return s;
@@ -215,8 +228,8 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
         finish = true;
         finish_status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                      "the Append stream ended before a valid `open` message");
-      } else if (reads_done_ && session_->WriterDurable(writer_id_)) {
-        const int64_t nrec = session_->nrec();
+      } else if (reads_done_ && (v3_ ? v3_->WriterDurable(writer_id_) : session_->WriterDurable(writer_id_))) {
+        const int64_t nrec = v3_ ? v3_->nrec() : session_->nrec();
         if (nrec > sent_nrec_) {  // the last Committed before OK
           response_.Clear();
           response_.mutable_committed()->set_nrec(nrec);
@@ -262,14 +275,17 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
   // a retry does not find its own stream still holding it.
   void CloseWriter() {
     std::shared_ptr<Session> session;
+    std::shared_ptr<V3Session> v3;
     int64_t writer = 0;
     {
       absl::MutexLock lock(&mu_);
       session = session_;
+      v3 = v3_;
       writer = opened_ && !writer_closed_ ? writer_id_ : 0;
       writer_closed_ = true;
     }
     if (session && writer != 0) session->CloseWriter(writer);
+    if (v3 && writer != 0) v3->CloseWriter(writer);
   }
 
   Store* const store_;
@@ -279,7 +295,8 @@ class AppendReactor final : public grpc::ServerBidiReactor<AppendRequest, Append
   AppendRequest request_;     // used by one read at a time
 
   absl::Mutex mu_;
-  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);  // a v1/v2 session, or
+  std::shared_ptr<V3Session> v3_ ABSL_GUARDED_BY(mu_);     // a v3 one
   int64_t writer_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool opened_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -316,9 +333,11 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
 
  private:
   absl::Status Init(Store* store, const LoadRequest& req, int64_t default_chunk_bytes) {
-    absl::StatusOr<std::shared_ptr<Session>> s = store->Get(req.session_id(), ExpectedModel(req));
+    absl::StatusOr<Store::AnySession> s = store->GetAny(req.session_id(), ExpectedModel(req));
     if (!s.ok()) return s.status();
-    session_ = *s;
+    if (req.max_chunk_bytes() < 0) return absl::InvalidArgumentError("max_chunk_bytes < 0");
+    if (s->v3) return InitV3(*s->v3, req, default_chunk_bytes);
+    session_ = s->v2;
     begin_ = req.layer_begin();
     end_ = req.layer_end();
     if (begin_ == 0 && end_ == 0) end_ = session_->dims().n_layers;
@@ -335,14 +354,70 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
                                                 ") are not within the ", nrec_,
                                                 " committed records"));
     }
-    if (req.max_chunk_bytes() < 0) return absl::InvalidArgumentError("max_chunk_bytes < 0");
     const int64_t chunk = req.max_chunk_bytes() > 0 ? std::min(req.max_chunk_bytes(), kMaxChunkBytes)
                                                     : default_chunk_bytes;
     per_chunk_ = std::max<int64_t>(1, chunk / std::max<int64_t>(1, session_->SliceBytes(begin_, end_)));
     return absl::OkStatus();
   }
 
+  // A v3 session loads whole (docs/coli-kv.md, "V4 sessions in the KV
+  // store"): the live token parts, then the block records.
+  absl::Status InitV3(const V3Session& v3, const LoadRequest& req, int64_t default_chunk_bytes) {
+    const V3Layout& L = v3.layout();
+    begin_ = req.layer_begin();
+    end_ = req.layer_end();
+    if (begin_ == 0 && end_ == 0) end_ = L.num_layers();
+    const int64_t nrec = v3.nrec();
+    if (req.position_begin() != 0 || (req.position_end() != 0 && req.position_end() != nrec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a v3 (DeepSeek-V4) session loads whole, at its ", nrec, " committed tokens; asked for tokens [",
+          req.position_begin(), ", ", req.position_end(), ")"));
+    }
+    v3_ = std::make_unique<V3RangeState>();
+    if (absl::Status st = v3.Read(begin_, end_, v3_.get()); !st.ok()) return st;
+    chunk_bytes_ = req.max_chunk_bytes() > 0 ? std::min(req.max_chunk_bytes(), kMaxChunkBytes) : default_chunk_bytes;
+    slice_ = L.slice_bytes(begin_, end_);
+    per_chunk_ = std::max<int64_t>(1, chunk_bytes_ / std::max<int64_t>(1, slice_));
+    pos_ = v3_->first;
+    stop_ = v3_->nrec;
+    nrec_ = v3_->nrec;
+    for (const auto& [l, b] : L.Closes(0, nrec_)) {
+      if (l >= begin_ && l < end_) block_sizes_.push_back(L.block_bytes(l));
+    }
+    return absl::OkStatus();
+  }
+
+  void NextV3() {
+    chunk_.Clear();
+    chunk_.set_nrec(nrec_);
+    if (pos_ < stop_ || !sent_any_) {
+      const int64_t k = std::min(per_chunk_, stop_ - pos_);
+      chunk_.set_position(pos_);
+      const size_t i = static_cast<size_t>(pos_ - v3_->first);
+      chunk_.mutable_token_ids()->Add(v3_->tokens.begin() + i, v3_->tokens.begin() + i + k);
+      chunk_.set_rows(v3_->slices.substr(i * slice_, k * slice_));
+      pos_ += k;
+    } else if (block_next_ < block_sizes_.size()) {
+      const size_t from = block_at_;
+      do {
+        block_at_ += static_cast<size_t>(block_sizes_[block_next_++]);
+      } while (block_next_ < block_sizes_.size() &&
+               static_cast<int64_t>(block_at_ - from) + block_sizes_[block_next_] <= chunk_bytes_);
+      chunk_.set_position(stop_);
+      chunk_.set_blocks(v3_->blocks.substr(from, block_at_ - from));
+    } else {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    sent_any_ = true;
+    StartWrite(&chunk_);
+  }
+
   void Next() {
+    if (v3_) {
+      NextV3();
+      return;
+    }
     if (pos_ >= stop_) {
       Done(grpc::Status::OK);
       return;
@@ -372,6 +447,11 @@ class LoadReactor final : public grpc::ServerWriteReactor<LoadChunk> {
 
   KvStoreMetrics* const metrics_;
   std::shared_ptr<Session> session_;
+  std::unique_ptr<V3RangeState> v3_;  // a v3 session's state, read whole
+  int64_t slice_ = 0, chunk_bytes_ = 0;
+  std::vector<int64_t> block_sizes_;
+  size_t block_next_ = 0, block_at_ = 0;
+  bool sent_any_ = false;
   int32_t begin_ = 0, end_ = 0;
   int64_t nrec_ = 0, pos_ = 0, stop_ = 0, per_chunk_ = 1;
   LoadChunk chunk_;

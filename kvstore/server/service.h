@@ -72,6 +72,10 @@ grpc::Status ToGrpc(const absl::Status& s);
 
 // Fills a SessionInfo message.
 void FillSessionInfo(const SessionInfo& info, strata::v1::SessionInfo* out);
+void FillSessionInfo(const V3SessionInfo& info, strata::v1::SessionInfo* out);
+// The v3 header of a V4Layout (validated by the caller) and back.
+V3Header FromProto(const strata::v1::V4Layout& l);
+void ToProto(const V3Header& h, strata::v1::V4Layout* out);
 
 }  // namespace strata::kv
 

@@ -128,6 +128,9 @@ GpuEngine::~GpuEngine() {
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Load(const std::string& model_dir,
                                                            const GpuEngineOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  if (config.family == ModelFamily::kDeepseekV4) {
+    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": deepseek_v4 runs on its own engine (model/v4/)"));
+  }
   int end = options.layer_end;
   RETURN_IF_ERROR(CheckStageRange(config, options.layer_begin, &end));
   ASSIGN_OR_RETURN(auto store, TensorStore::OpenDir(model_dir));

@@ -3,7 +3,10 @@
 // it computes: docs/deepseek-v4.md §3; why it is a class of its own:
 // docs/engine.md).
 //
-// A V4Engine owns the whole model. Sequences keep their carried state (the
+// A V4Engine owns the whole model or one pipeline stage's layers (the first
+// stage also embeds, the last also runs the hyper head and lm_head); between
+// stages a token's hidden state is its hc_mult residual streams, hc_mult ×
+// hidden_size floats (docs/deepseek-v4.md §3). Sequences keep their carried state (the
 // window rings, compressors and indexers: model/v4/sequence.h) in a
 // V4Sequence the caller owns; a step runs a batch of chunks, one per
 // sequence, each with one token (decode) or many (prefill). Results are
@@ -33,6 +36,9 @@ namespace strata::v4 {
 struct V4EngineOptions {
   // Worker threads for matmuls and attention; 0 = one per hardware thread.
   int num_threads = 0;
+  // The stage's layers [layer_begin, layer_end); layer_end -1: to the last.
+  int layer_begin = 0;
+  int layer_end = -1;
 };
 
 // One sequence's part of a batch.
@@ -50,6 +56,12 @@ class V4Engine {
                                                         const V4EngineOptions& options);
 
   const V4Config& config() const { return config_; }
+  int layer_begin() const { return begin_; }
+  int layer_end() const { return end_; }
+  bool first_stage() const { return begin_ == 0; }
+  bool last_stage() const { return end_ == config_.num_layers; }
+  // Floats of one token's hidden state between stages: hc_mult × hidden_size.
+  int stream_width() const { return config_.hc_mult * config_.hidden_size; }
   uint64_t weight_bytes() const { return weights_->bytes; }
   int num_threads() const { return pool_->num_threads(); }
 
@@ -63,12 +75,26 @@ class V4Engine {
   // token id outside the vocabulary.
   absl::Status Forward(absl::Span<const V4Chunk> chunks, bool all_logits, std::vector<float>* logits);
 
+  // The stage steps (Forward is Embed, RunLayers and Logits on one engine).
+  // streams [tokens, stream_width()]: every stream starts as the token's
+  // embedding. First stage only (FAILED_PRECONDITION otherwise).
+  absl::Status Embed(absl::Span<const int> tokens, float* streams) const;
+  // Runs this stage's layers on the chunks' tokens, whose streams sit back to
+  // back in `streams` and are updated in place, and commits the tokens to the
+  // sequences. The chunk errors of Forward.
+  absl::Status RunLayers(absl::Span<const V4Chunk> chunks, float* streams);
+  // logits [rows, vocab] of streams [rows, stream_width()] (hyper head,
+  // final norm, lm_head). Last stage only.
+  absl::Status Logits(const float* streams, int rows, float* logits) const;
+
  private:
-  V4Engine(V4Config config, std::unique_ptr<V4Weights> weights, int num_threads);
+  V4Engine(V4Config config, std::unique_ptr<V4Weights> weights, int num_threads, int begin, int end);
+  absl::Status CheckChunks(absl::Span<const V4Chunk> chunks) const;
 
   const V4Config config_;
   std::unique_ptr<V4Weights> weights_;
   std::unique_ptr<ThreadPool> pool_;
+  const int begin_, end_;
 };
 
 }  // namespace strata::v4

@@ -58,23 +58,38 @@ void AppendFloats(std::vector<float>* v, const char* p, size_t n) {
   std::memcpy(v->data() + at, p, 4 * n);
 }
 
+// Token record parts of a layer range, one slice per position from `first`
+// on, `stride` bytes apart; `rel` turns a record offset into a slice offset.
+struct Slices {
+  const char* base;
+  int64_t first;
+  int64_t stride;
+  int64_t rel;
+  const char* at(int64_t p, int64_t record_off) const { return base + (p - first) * stride + record_off - rel; }
+};
+
 // What a compressor keeps of the tokens [t − t mod m (− m for CSA), t).
-void TakeCompressor(const std::vector<std::string>& recs, int64_t first, int64_t t, int64_t kv_off, int64_t gate_off,
-                    CompressorState* s) {
+void TakeCompressor(const Slices& sl, int64_t t, int64_t kv_off, int64_t gate_off, CompressorState* s) {
   const int64_t m = s->rate, open = t - t % m;
   const size_t cw = static_cast<size_t>(s->coff) * s->width;
   if (s->coff == 2 && t >= m) {
     for (int64_t p = open - m; p < open; ++p) {
-      const std::string& r = recs[static_cast<size_t>(p - first)];
-      AppendFloats(&s->overlap_kv, r.data() + kv_off, static_cast<size_t>(s->width));
-      AppendFloats(&s->overlap_gate, r.data() + gate_off, static_cast<size_t>(s->width));
+      AppendFloats(&s->overlap_kv, sl.at(p, kv_off), static_cast<size_t>(s->width));
+      AppendFloats(&s->overlap_gate, sl.at(p, gate_off), static_cast<size_t>(s->width));
     }
   }
   for (int64_t p = open; p < t; ++p) {
-    const std::string& r = recs[static_cast<size_t>(p - first)];
-    AppendFloats(&s->open_kv, r.data() + kv_off, cw);
-    AppendFloats(&s->open_gate, r.data() + gate_off, cw);
+    AppendFloats(&s->open_kv, sl.at(p, kv_off), cw);
+    AppendFloats(&s->open_gate, sl.at(p, gate_off), cw);
   }
+}
+
+absl::Status CheckRange(const kv::V3Layout& L, int begin, int end) {
+  if (begin < 0 || begin >= end || end > L.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", begin, ", ", end, ") is not within [0, ", L.num_layers(), ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -91,6 +106,100 @@ kv::V3Header V4KvHeader(const V4Config& c, kv::V3RowFormat format) {
   return h;
 }
 
+absl::Status EncodeV4Step(const V4Config& c, const V4Sequence& seq, int begin, int end, int64_t t0,
+                          const kv::V3Layout& L, std::string* slices, std::string* blocks) {
+  RETURN_IF_ERROR(CheckHeader(c, L.header()));
+  RETURN_IF_ERROR(CheckRange(L, begin, end));
+  const int64_t t = seq.num_tokens();
+  if (t0 < 0 || t0 > t) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the step starts at ", t0, " tokens; the sequence has ", t));
+  }
+  const int S = L.window_slots();
+  const int64_t first = std::max(t0, L.first_live(t)), sb = L.slice_bytes(begin, end), rel = L.slice_offset(begin);
+  slices->assign(static_cast<size_t>((t - first) * sb), '\0');
+  for (int64_t p = first; p < t; ++p) {
+    char* rec = slices->data() + (p - first) * sb - rel;  // record offsets index it
+    for (int l = begin; l < end; ++l) {
+      const V4LayerState& st = seq.layer(l);
+      if (S > 0 && p >= t - S) kv::EncodeV3Row(L, seq.WindowRow(l, p), rec + L.window_offset(l));
+      if (c.layers[l].attention == AttentionKind::kSliding) continue;
+      PutCompressor(st.compressor, t, p, rec, L.kv_offset(l), L.gate_offset(l));
+      if (c.layers[l].attention == AttentionKind::kCsa) {
+        PutCompressor(st.indexer, t, p, rec, L.index_kv_offset(l), L.index_gate_offset(l));
+      }
+    }
+  }
+  blocks->clear();
+  for (const auto& [l, b] : L.Closes(t0, t)) {
+    if (l < begin || l >= end) continue;
+    std::string rec(static_cast<size_t>(L.block_bytes(l)), '\0');
+    kv::StoreI32(rec.data(), l);
+    kv::StoreI32(rec.data() + 4, b);
+    kv::EncodeV3Row(L, seq.layer(l).compressor.row(b), rec.data() + 8);
+    if (c.layers[l].attention == AttentionKind::kCsa) {
+      PutFloats(rec.data(), 8 + L.row_bytes(), seq.layer(l).indexer.row(b), static_cast<size_t>(c.index_head_dim));
+    }
+    kv::SealV3Record(rec.data(), L.block_bytes(l));
+    *blocks += rec;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeV4Stage(const V4Config& c, const kv::V3Layout& L, int begin, int end, int64_t t,
+                           std::string_view slices, std::string_view blocks, V4Sequence* seq) {
+  RETURN_IF_ERROR(CheckHeader(c, L.header()));
+  RETURN_IF_ERROR(CheckRange(L, begin, end));
+  if (seq->num_tokens() != 0 || seq->num_layers() != L.num_layers()) {
+    return absl::InvalidArgumentError("the state is decoded into a new sequence of this model");
+  }
+  const int64_t first = L.first_live(t), sb = L.slice_bytes(begin, end);
+  if (t < 0 || static_cast<int64_t>(slices.size()) != (t - first) * sb) {
+    return absl::DataLossError(absl::StrCat("the state of ", t, " tokens takes ", t - first, " token slices of ", sb,
+                                            " bytes; got ", slices.size(), " bytes"));
+  }
+  int64_t want = 0;
+  for (const auto& [l, b] : L.Closes(0, t)) {
+    if (l >= begin && l < end) want += L.block_bytes(l);
+  }
+  if (static_cast<int64_t>(blocks.size()) != want) {
+    return absl::DataLossError(absl::StrCat("the blocks of layers [", begin, ", ", end, ") at ", t, " tokens take ",
+                                            want, " bytes; got ", blocks.size()));
+  }
+  const Slices sl{slices.data(), first, sb, L.slice_offset(begin)};
+  const int S = L.window_slots();
+  for (int l = begin; l < end; ++l) {
+    V4LayerState& st = seq->layer(l);
+    for (int64_t u = std::max<int64_t>(0, t - S); u < t && S > 0; ++u) {
+      kv::DecodeV3Row(L, sl.at(u, L.window_offset(l)), st.window.data() + static_cast<size_t>(u % S) * c.head_dim);
+    }
+    if (c.layers[l].attention == AttentionKind::kSliding) continue;
+    TakeCompressor(sl, t, L.kv_offset(l), L.gate_offset(l), &st.compressor);
+    if (c.layers[l].attention == AttentionKind::kCsa) {
+      TakeCompressor(sl, t, L.index_kv_offset(l), L.index_gate_offset(l), &st.indexer);
+    }
+  }
+  // The blocks in close order: each layer's rows arrive in block order.
+  std::vector<float> row(static_cast<size_t>(c.head_dim));
+  size_t at = 0;
+  for (const auto& [l, b] : L.Closes(0, t)) {
+    if (l < begin || l >= end) continue;
+    const char* rec = blocks.data() + at;
+    if (!kv::V3RecordSealed(rec, L.block_bytes(l)) || kv::LoadI32(rec) != l || kv::LoadI32(rec + 4) != b) {
+      return absl::DataLossError(absl::StrCat("the block record of layer ", l, " block ", b,
+                                              " is damaged or out of order"));
+    }
+    kv::DecodeV3Row(L, rec + 8, row.data());
+    V4LayerState& st = seq->layer(l);
+    st.compressor.rows.insert(st.compressor.rows.end(), row.begin(), row.end());
+    if (c.layers[l].attention == AttentionKind::kCsa) {
+      AppendFloats(&st.indexer.rows, rec + 8 + L.row_bytes(), static_cast<size_t>(c.index_head_dim));
+    }
+    at += static_cast<size_t>(L.block_bytes(l));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SaveV4Sequence(const V4Config& c, const V4Sequence& seq, absl::Span<const int> new_tokens,
                             kv::ColiKv3Writer* w) {
   const kv::V3Layout& L = w->layout();
@@ -105,36 +214,15 @@ absl::Status SaveV4Sequence(const V4Config& c, const V4Sequence& seq, absl::Span
         absl::StrCat("saving tokens [", t0, ", ", t, ") takes ", t - t0, " token ids; got ", new_tokens.size()));
   }
   if (t == t0) return absl::OkStatus();
-
-  const int S = L.window_slots();
+  std::string slices, blocks;
+  RETURN_IF_ERROR(EncodeV4Step(c, seq, 0, L.num_layers(), t0, L, &slices, &blocks));
+  const int64_t first = std::max(t0, L.first_live(t));
   std::vector<std::string> recs;
-  for (int64_t p = std::max(t0, t - L.live_tokens()); p < t; ++p) {
-    std::string rec(static_cast<size_t>(L.token_bytes()), '\0');
-    kv::StoreI32(rec.data(), static_cast<int32_t>(p));
-    kv::StoreI32(rec.data() + 4, new_tokens[static_cast<size_t>(p - t0)]);
-    for (int l = 0; l < L.num_layers(); ++l) {
-      const V4LayerState& st = seq.layer(l);
-      if (S > 0 && p >= t - S) kv::EncodeV3Row(L, seq.WindowRow(l, p), rec.data() + L.window_offset(l));
-      if (c.layers[l].attention == AttentionKind::kSliding) continue;
-      PutCompressor(st.compressor, t, p, rec.data(), L.kv_offset(l), L.gate_offset(l));
-      if (c.layers[l].attention == AttentionKind::kCsa) {
-        PutCompressor(st.indexer, t, p, rec.data(), L.index_kv_offset(l), L.index_gate_offset(l));
-      }
-    }
-    kv::SealV3Record(rec.data(), L.token_bytes());
-    recs.push_back(std::move(rec));
-  }
-  std::string blocks;
-  for (const auto& [l, b] : L.Closes(t0, t)) {
-    std::string rec(static_cast<size_t>(L.block_bytes(l)), '\0');
-    kv::StoreI32(rec.data(), l);
-    kv::StoreI32(rec.data() + 4, b);
-    kv::EncodeV3Row(L, seq.layer(l).compressor.row(b), rec.data() + 8);
-    if (c.layers[l].attention == AttentionKind::kCsa) {
-      PutFloats(rec.data(), 8 + L.row_bytes(), seq.layer(l).indexer.row(b), static_cast<size_t>(c.index_head_dim));
-    }
-    kv::SealV3Record(rec.data(), L.block_bytes(l));
-    blocks += rec;
+  for (int64_t p = first; p < t; ++p) {
+    recs.push_back(kv::SealV3TokenRecord(L, p, new_tokens[static_cast<size_t>(p - t0)],
+                                         std::string_view(slices).substr(
+                                             static_cast<size_t>((p - first) * L.slice_bytes(0, L.num_layers())),
+                                             static_cast<size_t>(L.slice_bytes(0, L.num_layers())))));
   }
   return w->Append(t, recs, blocks);
 }
@@ -143,38 +231,16 @@ absl::StatusOr<std::unique_ptr<V4Sequence>> LoadV4Sequence(const V4Config& c, co
   const kv::V3Layout& L = r.layout();
   RETURN_IF_ERROR(CheckHeader(c, L.header()));
   const int64_t t = r.num_tokens(), first = r.first_live();
-  std::vector<std::string> recs(static_cast<size_t>(t - first));
-  for (int64_t p = first; p < t; ++p) RETURN_IF_ERROR(r.ReadTokenRecord(p, &recs[static_cast<size_t>(p - first)]));
+  const int64_t sb = L.slice_bytes(0, L.num_layers());
+  std::string slices, rec;
+  for (int64_t p = first; p < t; ++p) {
+    RETURN_IF_ERROR(r.ReadTokenRecord(p, &rec));
+    slices.append(rec, static_cast<size_t>(L.slice_offset(0)), static_cast<size_t>(sb));
+  }
   std::string log;
   RETURN_IF_ERROR(r.ReadBlockLog(&log));
-
   auto seq = std::make_unique<V4Sequence>(c);
-  const int S = L.window_slots();
-  for (int l = 0; l < L.num_layers(); ++l) {
-    V4LayerState& st = seq->layer(l);
-    for (int64_t u = std::max<int64_t>(0, t - S); u < t && S > 0; ++u) {
-      kv::DecodeV3Row(L, recs[static_cast<size_t>(u - first)].data() + L.window_offset(l),
-                      st.window.data() + static_cast<size_t>(u % S) * c.head_dim);
-    }
-    if (c.layers[l].attention == AttentionKind::kSliding) continue;
-    TakeCompressor(recs, first, t, L.kv_offset(l), L.gate_offset(l), &st.compressor);
-    if (c.layers[l].attention == AttentionKind::kCsa) {
-      TakeCompressor(recs, first, t, L.index_kv_offset(l), L.index_gate_offset(l), &st.indexer);
-    }
-  }
-  // The block log, in close order: each layer's rows arrive in block order.
-  std::vector<float> row(static_cast<size_t>(c.head_dim));
-  size_t at = 0;
-  for (const auto& [l, b] : L.Closes(0, t)) {
-    const char* rec = log.data() + at;
-    kv::DecodeV3Row(L, rec + 8, row.data());
-    V4LayerState& st = seq->layer(l);
-    st.compressor.rows.insert(st.compressor.rows.end(), row.begin(), row.end());
-    if (c.layers[l].attention == AttentionKind::kCsa) {
-      AppendFloats(&st.indexer.rows, rec + 8 + L.row_bytes(), static_cast<size_t>(c.index_head_dim));
-    }
-    at += static_cast<size_t>(L.block_bytes(l));
-  }
+  RETURN_IF_ERROR(DecodeV4Stage(c, L, 0, L.num_layers(), t, slices, log, seq.get()));
   seq->Commit(static_cast<int>(t));
   return seq;
 }

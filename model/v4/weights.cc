@@ -230,17 +230,21 @@ class Loader {
     return absl::OkStatus();
   }
 
-  absl::Status All() {
+  absl::Status Range(int begin, int end) {
     const int V = c_.vocab_size, H = c_.hidden_size, n = c_.hc_mult;
-    ASSIGN_OR_RETURN(out_->embed, Float({"model.embed_tokens.weight", "embed.weight"}, {V, H}));
-    RETURN_IF_ERROR(Linear({"head", "lm_head"}, H, V, Allow::kFloatOrFp8, &out_->head));
-    ASSIGN_OR_RETURN(out_->final_norm, Float({"model.norm.weight", "norm.weight"}, {H}));
-    ASSIGN_OR_RETURN(out_->hc_head_fn, Float({"model.hc_head.hc_fn", "hc_head_fn"}, {n, int64_t{n} * H}));
-    ASSIGN_OR_RETURN(out_->hc_head_base, Float({"model.hc_head.hc_base", "hc_head_base"}, {n}));
-    ASSIGN_OR_RETURN(auto scale, Float({"model.hc_head.hc_scale", "hc_head_scale"}, {1}));
-    out_->hc_head_scale = scale[0];
+    if (begin == 0) {
+      ASSIGN_OR_RETURN(out_->embed, Float({"model.embed_tokens.weight", "embed.weight"}, {V, H}));
+    }
+    if (end == c_.num_layers) {
+      RETURN_IF_ERROR(Linear({"head", "lm_head"}, H, V, Allow::kFloatOrFp8, &out_->head));
+      ASSIGN_OR_RETURN(out_->final_norm, Float({"model.norm.weight", "norm.weight"}, {H}));
+      ASSIGN_OR_RETURN(out_->hc_head_fn, Float({"model.hc_head.hc_fn", "hc_head_fn"}, {n, int64_t{n} * H}));
+      ASSIGN_OR_RETURN(out_->hc_head_base, Float({"model.hc_head.hc_base", "hc_head_base"}, {n}));
+      ASSIGN_OR_RETURN(auto scale, Float({"model.hc_head.hc_scale", "hc_head_scale"}, {1}));
+      out_->hc_head_scale = scale[0];
+    }
     out_->layers.resize(c_.num_layers);
-    for (int l = 0; l < c_.num_layers; ++l) RETURN_IF_ERROR(Layer(l, &out_->layers[l]));
+    for (int l = begin; l < end; ++l) RETURN_IF_ERROR(Layer(l, &out_->layers[l]));
     return absl::OkStatus();
   }
 
@@ -253,9 +257,18 @@ class Loader {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<V4Weights>> LoadV4Weights(const TensorStore& store, const V4Config& config) {
+  return LoadV4Weights(store, config, 0, config.num_layers);
+}
+
+absl::StatusOr<std::unique_ptr<V4Weights>> LoadV4Weights(const TensorStore& store, const V4Config& config,
+                                                         int layer_begin, int layer_end) {
+  if (layer_begin < 0 || layer_begin >= layer_end || layer_end > config.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
+                                                   ") is not within the model's ", config.num_layers, " layers"));
+  }
   auto w = std::make_unique<V4Weights>();
   Loader loader(store, config, w.get());
-  RETURN_IF_ERROR(loader.All());
+  RETURN_IF_ERROR(loader.Range(layer_begin, layer_end));
   return w;
 }
 

@@ -87,6 +87,12 @@ struct V4Weights {
 };
 
 absl::StatusOr<std::unique_ptr<V4Weights>> LoadV4Weights(const TensorStore& store, const V4Config& config);
+// One pipeline stage's share: layers [layer_begin, layer_end) (the others
+// left empty), the embedding when layer_begin is 0, the hyper head, final
+// norm and lm_head when layer_end is the last layer. INVALID_ARGUMENT for a
+// range outside the model.
+absl::StatusOr<std::unique_ptr<V4Weights>> LoadV4Weights(const TensorStore& store, const V4Config& config,
+                                                         int layer_begin, int layer_end);
 
 }  // namespace strata::v4
 
