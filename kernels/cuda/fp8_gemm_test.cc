@@ -6,7 +6,7 @@
 //   multiples of 16 padded) against a float64 product of the quantised
 //   inputs and the decoded weights. The library does not document its fp8
 //   accumulator (DeepSeek-V3's report measures about 14 bits kept per
-//   addition); errors measured on the H200 reach 1.06 × 2^-11 of the
+//   addition); errors measured on the H200 reach 1.4 × 2^-11 of the
 //   128-column blocks' magnitudes (m 300, k 1024). The bound, 2^-9 of those
 //   magnitudes, is there to catch wiring mistakes (operand or scale layouts,
 //   padding), which give errors of the size of the values (3447 × 2^-11 for
