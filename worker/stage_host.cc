@@ -554,6 +554,9 @@ void StageHost::OnDownstreamBroken(uint64_t gen, const absl::Status& st) {
     std::lock_guard<std::mutex> l(mu_);
     pending.swap(pending_);
     stage = static_cast<int>(stats_.stage()) + 1;
+    // Marked before the batches are failed: a batch submitted once a failure
+    // was seen upstream finds the link broken, and EnsureLinkLocked replaces it.
+    broken_generation_ = gen;
   }
   if (!pending.empty()) {
     log::Warn("downstream_broken", {{"worker", options_.name}, {"stage", stage - 1}, {"batches", pending.size()},
@@ -563,8 +566,6 @@ void StageHost::OnDownstreamBroken(uint64_t gen, const absl::Status& st) {
     metrics_.CountError(stage - 1, "downstream", st.code());
     Fail(p.sink, id, st, stage);
   }
-  std::lock_guard<std::mutex> l(mu_);
-  broken_generation_ = gen;  // EnsureLinkLocked replaces the link
 }
 
 int64_t StageHost::FreeLocked(const std::vector<uint64_t>& ids, bool all) {
