@@ -53,7 +53,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   explicit GenerateReactor(Scheduler* scheduler) : scheduler_(scheduler), handle_(std::make_shared<Handle>(this)) {}
 
   std::shared_ptr<Handle> handle() { return handle_; }
-  // The caller's concurrent-stream slot, released when the stream is done.
+  // The caller's concurrent-stream slot, released when the stream ends.
   void Hold(ApiAuth::Slot slot) { slot_.emplace(std::move(slot)); }
 
   // Ends the RPC at once (before it was admitted).
@@ -82,7 +82,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     }
     if (client_gone_) scheduler_->Cancel(handle_.get());
     if (start) StartWrite(&out_.front());
-    if (finish) Finish(status);
+    if (finish) End(status);
   }
 
   void OnCancel() override { scheduler_->Cancel(handle_.get()); }
@@ -116,7 +116,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         finish = true;
       }
     }
-    if (finish) Finish(close_status_);
+    if (finish) End(close_status_);
+  }
+
+  // The generation is over: the caller's slot goes back before the client
+  // sees the status, so a caller at its limit may start the next one as soon
+  // as this one has ended (called once: finished_ is set under mu_ first).
+  void End(const grpc::Status& status) {
+    slot_.reset();
+    Finish(status);
   }
 
   Scheduler* const scheduler_;
