@@ -76,7 +76,8 @@ V4Appenders::~V4Appenders() {
     running.swap(running_);
   }
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(drain_timeout_);
-  for (auto& [state, thread] : running) {
+  for (auto& entry : running) {
+    V4Appender::State* state = entry.first.get();  // (a lambda may not capture a structured binding)
     std::unique_lock<std::mutex> l(state->mu);
     state->closing = true;
     state->cv.notify_all();
