@@ -53,7 +53,7 @@ bool MakeLayouts(const Fp8GemvArgs& a, int m, int64_t ldq, const void* w_scale, 
          cublasLtMatrixLayoutCreate(&l->c, CUDA_R_32F, a.n, m, a.ldy) == CUBLAS_STATUS_SUCCESS;
 }
 
-using PlanKey = std::tuple<int, int, int, int64_t, int64_t, bool>;
+using PlanKey = std::tuple<int, int, int, int64_t, int64_t>;  // rows, n, k, ldw, ldy
 
 }  // namespace
 
@@ -73,7 +73,7 @@ struct Fp8GemmRunner::Impl {
   }
 
   const cublasLtMatmulAlgo_t* Algo(const Fp8GemvArgs& a, int m, int64_t ldq, const void* x_scale) {
-    const PlanKey key{m, a.n, a.k, a.ldw, a.ldy, a.ldw % 16 == 0 && a.ldy % 4 == 0};
+    const PlanKey key{m, a.n, a.k, a.ldw, a.ldy};
     auto found = algos.find(key);
     if (found != algos.end()) return found->second.get();
     Layouts l;
